@@ -1,0 +1,473 @@
+"""The `InferenceGatewayConfig` file: loading, defaults and strict validation.
+
+The HyperPod format is accepted verbatim, so a user of that gateway can bring
+the same file; our additions (static endpoints, metrics source, listener,
+failure mode, admission) live beside its fields. Every default is in this
+module. Validation is strict: an unknown field is an error naming the field,
+because a misspelt weight silently ignored would change routing unnoticed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+API_VERSIONS = (
+    "inference.sagemaker.aws.amazon.com/v1alpha1",
+    "inference-gateway.io/v1alpha1",
+)
+KIND = "InferenceGatewayConfig"
+
+MAX_BODY_BYTES = 256 * 1024 * 1024
+MAX_SCHEDULERS = 100
+SCHEDULER_PROFILES = ("llm-d", "epp", "least-request", "round-robin", "random")
+ENGINE_TYPES = ("vllm", "sglang", "trtllm")
+WEIGHT_NAMES = (
+    "queue",
+    "kvCache",
+    "prefix",
+    "lru",
+    "loraAffinity",
+    "runningRequests",
+    "predictedLatency",
+)
+FAILURE_MODES = ("closed", "open")
+METRICS_SOURCES = ("scrape", "prometheus")
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class ConfigError(ValueError):
+    """A config problem, worded as one line that names the offending field."""
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Certificate for the HTTPS listener; empty means a generated self-signed one."""
+
+    certificate_file: str | None = None
+    key_file: str | None = None
+    secret_name: str | None = None
+
+
+@dataclass(frozen=True)
+class BbrConfig:
+    enabled: bool = False
+    max_request_body_bytes: int = MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class JwtConfig:
+    issuer: str
+    audiences: tuple[str, ...] = ()
+    jwks_uri: str | None = None
+    jwks_file: str | None = None
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Where a pool's live signals come from and how fresh they must be."""
+
+    source: str = "scrape"
+    interval_s: float = 0.05
+    timeout_s: float = 0.5
+    stale_after_s: float = 2.0
+    path: str = "/metrics"
+    prometheus_url: str | None = None
+
+
+@dataclass(frozen=True)
+class SaturationConfig:
+    """When a pod counts as saturated, and what the gateway does when all are."""
+
+    queue_threshold: int = 8
+    kv_cache_threshold: float = 0.9
+    queue_size: int = 256
+    queue_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """One model's pool: which pods serve it and how the picker scores them."""
+
+    name: str
+    model_name: str
+    match_labels: dict[str, str] = field(default_factory=dict)
+    target_port: int = 8000
+    scheduler: str = "llm-d"
+    engine_type: str = "vllm"
+    weights: dict[str, float] = field(default_factory=dict)
+    lora_adapters: tuple[str, ...] = ()
+    route_timeout_s: float = 300.0
+    replicas: int = 1
+    endpoints: tuple[str, ...] = ()
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    saturation: SaturationConfig = field(default_factory=SaturationConfig)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    name: str
+    schedulers: tuple[SchedulerConfig, ...]
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    bbr: BbrConfig = field(default_factory=BbrConfig)
+    jwt: JwtConfig | None = None
+    listen_address: str = "0.0.0.0"
+    listen_port: int = 8443
+    failure_mode: str = "closed"
+    picker_port: int = 9002
+    admin_port: int = 9003
+    metrics_port: int = 9090
+    envoy_admin_port: int = 9901
+    max_fallbacks: int = 2
+    namespace: str = "default"
+
+    def scheduler_for_model(self, model: str) -> SchedulerConfig | None:
+        return next((s for s in self.schedulers if s.model_name == model), None)
+
+
+class _Fields:
+    """A mapping read field by field; what is left unread at the end is an error."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
+        self._data = dict(data)
+        self.path = path
+
+    def take(self, key: str, default: Any = None) -> Any:
+        return self._data.pop(key, default)
+
+    def has(self, key: str) -> bool:
+        return key in self._data
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def done(self) -> None:
+        if self._data:
+            key = sorted(self._data)[0]
+            raise ConfigError(f"{self.at(key)}: unknown field")
+
+
+def parse_duration(value: Any, path: str) -> float:
+    """Seconds from `30s`, `500ms`, `2m` or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{path}: expected a duration like '30s', got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION_RE.match(str(value).strip())
+        if not match:
+            raise ConfigError(f"{path}: expected a duration like '30s' or '500ms', got {value!r}")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds <= 0:
+        raise ConfigError(f"{path}: must be positive, got {value!r}")
+    return seconds
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], path: str) -> Any:
+    if isinstance(value, bool) and kind is not bool and bool not in _as_tuple(kind):
+        raise ConfigError(f"{path}: expected {_kind_name(kind)}, got a boolean")
+    if not isinstance(value, kind):
+        raise ConfigError(f"{path}: expected {_kind_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in _as_tuple(kind))
+
+
+def _port(value: Any, path: str) -> int:
+    _typed(value, int, path)
+    if not 1 <= value <= 65535:
+        raise ConfigError(f"{path}: port must be 1-65535, got {value}")
+    return value
+
+
+def _choice(value: Any, choices: tuple[str, ...], path: str) -> str:
+    if value not in choices:
+        raise ConfigError(f"{path}: must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _number(value: Any, path: str, low: float, high: float) -> float:
+    _typed(value, int | float, path)
+    if not low <= value <= high:
+        raise ConfigError(f"{path}: must be between {low:g} and {high:g}, got {value}")
+    return float(value)
+
+
+def _endpoint(value: Any, path: str) -> str:
+    """`host:port` (or `[v6]:port`); the host is kept as written for Envoy to resolve."""
+    _typed(value, str, path)
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"{path}: expected host:port, got {value!r}")
+    _port(int(port), path)
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9.-]+", bare):
+            raise ConfigError(f"{path}: bad host in {value!r}") from None
+    return value
+
+
+def _tls(data: Any, path: str) -> TlsConfig:
+    f = _Fields(data, path)
+    cert = f.take("certificateFile")
+    key = f.take("keyFile")
+    secret = f.take("secretName")
+    f.done()
+    if (cert is None) != (key is None):
+        raise ConfigError(f"{path}: certificateFile and keyFile must be given together")
+    for name, value in (("certificateFile", cert), ("keyFile", key), ("secretName", secret)):
+        if value is not None:
+            _typed(value, str, f.at(name))
+    return TlsConfig(certificate_file=cert, key_file=key, secret_name=secret)
+
+
+def _bbr(data: Any, path: str) -> BbrConfig:
+    f = _Fields(data, path)
+    enabled = _typed(f.take("enabled", False), bool, f.at("enabled"))
+    limit = f.take("maxRequestBodyBytes", MAX_BODY_BYTES)
+    _typed(limit, int, f.at("maxRequestBodyBytes"))
+    if not 1024 <= limit <= MAX_BODY_BYTES:
+        raise ConfigError(
+            f"{f.at('maxRequestBodyBytes')}: must be between 1024 and {MAX_BODY_BYTES}, got {limit}"
+        )
+    f.done()
+    return BbrConfig(enabled=enabled, max_request_body_bytes=limit)
+
+
+def _auth(data: Any, path: str) -> JwtConfig | None:
+    f = _Fields(data, path)
+    jwt = f.take("jwt")
+    f.done()
+    if jwt is None:
+        return None
+    j = _Fields(jwt, f.at("jwt"))
+    issuer = _typed(j.take("issuer"), str, j.at("issuer"))
+    audiences = j.take("audiences", [])
+    _typed(audiences, list, j.at("audiences"))
+    for i, aud in enumerate(audiences):
+        _typed(aud, str, f"{j.at('audiences')}[{i}]")
+    uri = j.take("jwksUri")
+    file = j.take("jwksFile")
+    j.done()
+    if (uri is None) == (file is None):
+        raise ConfigError(f"{j.path}: exactly one of jwksUri or jwksFile is required")
+    return JwtConfig(issuer=issuer, audiences=tuple(audiences), jwks_uri=uri, jwks_file=file)
+
+
+def _metrics(data: Any, path: str) -> MetricsConfig:
+    f = _Fields(data, path)
+    d = MetricsConfig()
+    source = _choice(f.take("source", d.source), METRICS_SOURCES, f.at("source"))
+    interval = parse_duration(f.take("interval", d.interval_s), f.at("interval"))
+    timeout = parse_duration(f.take("timeout", d.timeout_s), f.at("timeout"))
+    stale = parse_duration(f.take("staleAfter", d.stale_after_s), f.at("staleAfter"))
+    metrics_path = _typed(f.take("path", d.path), str, f.at("path"))
+    url = f.take("prometheusUrl")
+    f.done()
+    if source == "prometheus" and not url:
+        raise ConfigError(f"{f.at('prometheusUrl')}: required when source is prometheus")
+    if url is not None:
+        _typed(url, str, f.at("prometheusUrl"))
+    if stale <= interval:
+        raise ConfigError(f"{f.at('staleAfter')}: must be longer than interval")
+    return MetricsConfig(source, interval, timeout, stale, metrics_path, url)
+
+
+def _saturation(data: Any, path: str) -> SaturationConfig:
+    f = _Fields(data, path)
+    d = SaturationConfig()
+    queue = _typed(f.take("queueThreshold", d.queue_threshold), int, f.at("queueThreshold"))
+    kv = _number(f.take("kvCacheThreshold", d.kv_cache_threshold), f.at("kvCacheThreshold"), 0, 1)
+    size = _typed(f.take("queueSize", d.queue_size), int, f.at("queueSize"))
+    timeout = parse_duration(f.take("queueTimeout", d.queue_timeout_s), f.at("queueTimeout"))
+    f.done()
+    if queue < 0 or size < 0:
+        raise ConfigError(f"{path}: queueThreshold and queueSize must not be negative")
+    return SaturationConfig(queue, kv, size, timeout)
+
+
+def _weights(data: Any, path: str) -> dict[str, float]:
+    f = _Fields(data, path)
+    weights = {}
+    for name in WEIGHT_NAMES:
+        if f.has(name):
+            weights[name] = _number(f.take(name), f.at(name), 0, 1000)
+    f.done()
+    return weights
+
+
+def _model_selector(data: Any, path: str) -> dict[str, str]:
+    f = _Fields(data, path)
+    labels = f.take("matchLabels", {})
+    f.done()
+    _typed(labels, dict, f.at("matchLabels"))
+    for key, value in labels.items():
+        _typed(value, str, f"{f.at('matchLabels')}.{key}")
+    return dict(labels)
+
+
+def _string_list(data: Any, path: str) -> tuple[str, ...]:
+    _typed(data, list, path)
+    return tuple(_typed(v, str, f"{path}[{i}]") for i, v in enumerate(data))
+
+
+def _scheduler(data: Any, path: str) -> SchedulerConfig:
+    f = _Fields(data, path)
+    name = _typed(f.take("name"), str, f.at("name"))
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"{f.at('name')}: must be a DNS label (lower-case, digits, '-'): {name!r}")
+    model = f.take("modelName")
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"{f.at('modelName')}: required, a non-empty string")
+    labels = _model_selector(f.take("modelSelector"), f.at("modelSelector"))
+    port = _port(f.take("targetPort", 8000), f.at("targetPort"))
+    profile = _choice(f.take("scheduler", "llm-d"), SCHEDULER_PROFILES, f.at("scheduler"))
+    engine = _choice(f.take("engineType", "vllm"), ENGINE_TYPES, f.at("engineType"))
+    weights = _weights(f.take("weights"), f.at("weights"))
+    adapters = _string_list(f.take("loraAdapters", []), f.at("loraAdapters"))
+    timeout = parse_duration(f.take("routeTimeout", 300), f.at("routeTimeout"))
+    replicas = _typed(f.take("replicas", 1), int, f.at("replicas"))
+    endpoints_raw = f.take("endpoints", [])
+    _typed(endpoints_raw, list, f.at("endpoints"))
+    endpoints = tuple(_endpoint(e, f"{f.at('endpoints')}[{i}]") for i, e in enumerate(endpoints_raw))
+    metrics = _metrics(f.take("metrics"), f.at("metrics"))
+    saturation = _saturation(f.take("saturation"), f.at("saturation"))
+    f.done()
+    if not labels and not endpoints:
+        raise ConfigError(f"{path}: needs modelSelector.matchLabels or endpoints")
+    return SchedulerConfig(
+        name, model, labels, port, profile, engine, weights, adapters, timeout, replicas,
+        endpoints, metrics, saturation,
+    )
+
+
+def _schedulers(data: Any, path: str) -> tuple[SchedulerConfig, ...]:
+    if not isinstance(data, list) or not data:
+        raise ConfigError(f"{path}: required, a non-empty list")
+    if len(data) > MAX_SCHEDULERS:
+        raise ConfigError(f"{path}: at most {MAX_SCHEDULERS} schedulers, got {len(data)}")
+    schedulers = tuple(_scheduler(s, f"{path}[{i}]") for i, s in enumerate(data))
+    _check_unique(schedulers, path)
+    return schedulers
+
+
+def _check_unique(schedulers: tuple[SchedulerConfig, ...], path: str) -> None:
+    """Names, model names and adapter names must each map to exactly one pool."""
+    seen_names: dict[str, int] = {}
+    seen_models: dict[str, str] = {}
+    for i, s in enumerate(schedulers):
+        if s.name in seen_names:
+            raise ConfigError(
+                f"{path}[{i}].name: duplicate {s.name!r} (also {path}[{seen_names[s.name]}])"
+            )
+        seen_names[s.name] = i
+        for j, model in enumerate((s.model_name, *s.lora_adapters)):
+            where = f"{path}[{i}].modelName" if j == 0 else f"{path}[{i}].loraAdapters[{j - 1}]"
+            if model in seen_models:
+                raise ConfigError(f"{where}: duplicate model {model!r} (also {seen_models[model]})")
+            seen_models[model] = where
+
+
+def _gateway_fields(f: _Fields) -> dict[str, Any]:
+    """Our additions at spec level, for running outside Kubernetes."""
+    d = GatewayConfig(name="", schedulers=())
+    listener = _Fields(f.take("listener"), f.at("listener"))
+    address = _typed(listener.take("address", d.listen_address), str, listener.at("address"))
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        raise ConfigError(f"{listener.at('address')}: not an IP address: {address!r}") from None
+    port = _port(listener.take("port", d.listen_port), listener.at("port"))
+    listener.done()
+    ports = _Fields(f.take("ports"), f.at("ports"))
+    picker_port = _port(ports.take("picker", d.picker_port), ports.at("picker"))
+    admin_port = _port(ports.take("admin", d.admin_port), ports.at("admin"))
+    metrics_port = _port(ports.take("metrics", d.metrics_port), ports.at("metrics"))
+    envoy_admin = _port(ports.take("envoyAdmin", d.envoy_admin_port), ports.at("envoyAdmin"))
+    ports.done()
+    failure = _choice(f.take("failureMode", d.failure_mode), FAILURE_MODES, f.at("failureMode"))
+    fallbacks = _typed(f.take("maxFallbacks", d.max_fallbacks), int, f.at("maxFallbacks"))
+    if not 0 <= fallbacks <= 8:
+        raise ConfigError(f"{f.at('maxFallbacks')}: must be between 0 and 8, got {fallbacks}")
+    all_ports = [port, picker_port, admin_port, metrics_port, envoy_admin]
+    if len(set(all_ports)) != len(all_ports):
+        raise ConfigError(f"{f.path}: listener.port and ports.* must all differ: {all_ports}")
+    return {
+        "listen_address": address,
+        "listen_port": port,
+        "picker_port": picker_port,
+        "admin_port": admin_port,
+        "metrics_port": metrics_port,
+        "envoy_admin_port": envoy_admin,
+        "failure_mode": failure,
+        "max_fallbacks": fallbacks,
+    }
+
+
+def parse_config(doc: Any) -> GatewayConfig:
+    """Build a validated config from a parsed YAML/JSON document."""
+    top = _Fields(doc, "")
+    api = top.take("apiVersion")
+    if api not in API_VERSIONS:
+        raise ConfigError(f"apiVersion: must be one of {', '.join(API_VERSIONS)}; got {api!r}")
+    if top.take("kind") != KIND:
+        raise ConfigError(f"kind: must be {KIND}")
+    meta = _Fields(top.take("metadata"), "metadata")
+    name = _typed(meta.take("name", "gateway"), str, "metadata.name")
+    namespace = _typed(meta.take("namespace", "default"), str, "metadata.namespace")
+    for ignored in ("labels", "annotations", "uid", "resourceVersion", "generation",
+                    "creationTimestamp", "managedFields"):
+        meta.take(ignored)
+    meta.done()
+    top.take("status")
+    spec = _Fields(top.take("spec"), "spec")
+    top.done()
+    tls = _tls(spec.take("tls"), "spec.tls")
+    bbr = _bbr(spec.take("bbr"), "spec.bbr")
+    jwt = _auth(spec.take("auth"), "spec.auth")
+    schedulers = _schedulers(spec.take("schedulers"), "spec.schedulers")
+    extra = _gateway_fields(spec)
+    spec.done()
+    if len(schedulers) > 1 and not bbr.enabled:
+        raise ConfigError("spec.bbr.enabled: must be true when there is more than one scheduler")
+    return GatewayConfig(
+        name=name, namespace=namespace, schedulers=schedulers, tls=tls, bbr=bbr, jwt=jwt, **extra
+    )
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a config file; every problem is a one-line ConfigError."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return load_config_text(text)
+
+
+def load_config_text(text: str) -> GatewayConfig:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return parse_config(doc)
