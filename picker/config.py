@@ -334,7 +334,9 @@ def _scheduler(data: Any, path: str) -> SchedulerConfig:
     f = _Fields(data, path)
     name = _typed(f.take("name"), str, f.at("name"))
     if not _NAME_RE.match(name):
-        raise ConfigError(f"{f.at('name')}: must be a DNS label (lower-case, digits, '-'): {name!r}")
+        raise ConfigError(
+            f"{f.at('name')}: must be a DNS label (lower-case, digits, '-'): {name!r}"
+        )
     model = f.take("modelName")
     if not isinstance(model, str) or not model:
         raise ConfigError(f"{f.at('modelName')}: required, a non-empty string")
@@ -348,15 +350,28 @@ def _scheduler(data: Any, path: str) -> SchedulerConfig:
     replicas = _typed(f.take("replicas", 1), int, f.at("replicas"))
     endpoints_raw = f.take("endpoints", [])
     _typed(endpoints_raw, list, f.at("endpoints"))
-    endpoints = tuple(_endpoint(e, f"{f.at('endpoints')}[{i}]") for i, e in enumerate(endpoints_raw))
+    endpoints = tuple(
+        _endpoint(e, f"{f.at('endpoints')}[{i}]") for i, e in enumerate(endpoints_raw)
+    )
     metrics = _metrics(f.take("metrics"), f.at("metrics"))
     saturation = _saturation(f.take("saturation"), f.at("saturation"))
     f.done()
     if not labels and not endpoints:
         raise ConfigError(f"{path}: needs modelSelector.matchLabels or endpoints")
     return SchedulerConfig(
-        name, model, labels, port, profile, engine, weights, adapters, timeout, replicas,
-        endpoints, metrics, saturation,
+        name,
+        model,
+        labels,
+        port,
+        profile,
+        engine,
+        weights,
+        adapters,
+        timeout,
+        replicas,
+        endpoints,
+        metrics,
+        saturation,
     )
 
 
@@ -434,8 +449,15 @@ def parse_config(doc: Any) -> GatewayConfig:
     meta = _Fields(top.take("metadata"), "metadata")
     name = _typed(meta.take("name", "gateway"), str, "metadata.name")
     namespace = _typed(meta.take("namespace", "default"), str, "metadata.namespace")
-    for ignored in ("labels", "annotations", "uid", "resourceVersion", "generation",
-                    "creationTimestamp", "managedFields"):
+    for ignored in (
+        "labels",
+        "annotations",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "managedFields",
+    ):
         meta.take(ignored)
     meta.done()
     top.take("status")

@@ -1,0 +1,64 @@
+"""Client side of the picker's admin API, for `igw status|explain|drain`."""
+
+from __future__ import annotations
+
+import grpc
+import orjson
+from google.protobuf.json_format import MessageToDict
+
+from proto import admin_pb2, admin_pb2_grpc
+
+TIMEOUT_S = 5.0
+
+
+def _stub(address: str) -> tuple[grpc.Channel, admin_pb2_grpc.GatewayAdminStub]:
+    channel = grpc.insecure_channel(address)
+    return channel, admin_pb2_grpc.GatewayAdminStub(channel)
+
+
+def list_pools(address: str) -> list[dict]:
+    channel, stub = _stub(address)
+    with channel:
+        reply = stub.ListPools(admin_pb2.ListPoolsRequest(), timeout=TIMEOUT_S)
+    return [MessageToDict(p, preserving_proto_field_name=True) for p in reply.pools]
+
+
+def explain(address: str, body: bytes, path: str) -> dict:
+    channel, stub = _stub(address)
+    with channel:
+        reply = stub.Explain(admin_pb2.ExplainRequest(body=body, path=path), timeout=TIMEOUT_S)
+    return MessageToDict(reply, preserving_proto_field_name=True)
+
+
+def explain_body(model: str | None, prompt: str) -> bytes:
+    return orjson.dumps({"model": model, "messages": [{"role": "user", "content": prompt}]})
+
+
+def set_drain(address: str, pool: str, pod: str, drain: bool) -> bool:
+    channel, stub = _stub(address)
+    with channel:
+        reply = stub.SetDrain(
+            admin_pb2.SetDrainRequest(pool=pool, address=pod, drain=drain), timeout=TIMEOUT_S
+        )
+    return reply.changed
+
+
+def format_status(pools: list[dict]) -> str:
+    """One line per pod: the figures an operator looks at first."""
+    lines = []
+    for pool in pools:
+        lines.append(
+            f"pool {pool['name']} model={pool['model_name']} scheduler={pool['scheduler']} "
+            f"saturated={pool.get('saturated', False)} "
+            f"queued={pool.get('admission_queue_length', 0)}"
+        )
+        for pod in pool.get("pods", []):
+            lines.append(
+                f"  {pod['address']:<22} ready={pod.get('ready', False)!s:<5} "
+                f"fresh={pod.get('metrics_fresh', False)!s:<5} "
+                f"drain={pod.get('draining', False)!s:<5} "
+                f"wait={pod.get('waiting', 0):>4.0f} run={pod.get('running', 0):>4.0f} "
+                f"kv={pod.get('kv_cache_usage', 0):.2f} inflight={pod.get('inflight', 0):.0f} "
+                f"picks={pod.get('picks', 0)}"
+            )
+    return "\n".join(lines)

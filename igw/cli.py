@@ -1,0 +1,166 @@
+"""The `igw` command: run the gateway, a simulated fleet, benchmarks, and admin calls."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from picker.config import ConfigError, load_config
+
+ADMIN_DEFAULT = "127.0.0.1:9003"
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return 1
+    pools = ", ".join(f"{s.name} ({s.model_name})" for s in config.schedulers)
+    print(f"{args.file}: valid; pools: {pools}")
+    return 0
+
+
+def _cmd_render_envoy(args: argparse.Namespace) -> int:
+    from igw_envoy.render import render_yaml
+
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return 1
+    print(render_yaml(config, args.state_dir))
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from igw.gateway import serve
+
+    try:
+        load_config(args.config)
+    except ConfigError as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
+        return 1
+    return asyncio.run(serve(args.config, args.state_dir, args.port))
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from igw.gateway import up
+
+    return asyncio.run(up(args.state_dir, args.port))
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from simulator.cli import main as sim_main
+
+    return sim_main(args.rest)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from bench.cli import main as bench_main
+
+    return bench_main(args.rest)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from igw.admin_client import format_status, list_pools
+
+    pools = list_pools(args.admin)
+    print(json.dumps(pools, indent=2) if args.json else format_status(pools))
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from igw.admin_client import explain, explain_body
+
+    body = Path(args.body).read_bytes() if args.body else explain_body(args.model, args.prompt)
+    print(json.dumps(explain(args.admin, body, args.path), indent=2))
+    return 0
+
+
+def _cmd_drain(args: argparse.Namespace, drain: bool) -> int:
+    from igw.admin_client import set_drain
+
+    changed = set_drain(args.admin, args.pool, args.address, drain)
+    print(
+        f"{args.address}: {'drained' if drain else 'undrained'}{'' if changed else ' (no change)'}"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from igw.gateway import default_state_dir
+
+    parser = argparse.ArgumentParser(prog="igw", description="GPU-aware LLM inference gateway")
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="gateway + simulated mixed-GPU fleet on an embedded config")
+    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--state-dir", type=Path, default=default_state_dir() / "up")
+    p.set_defaults(func=_cmd_up)
+
+    p = sub.add_parser("serve", help="run Envoy + the picker for a config file")
+    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--port", type=int, default=None, help="override spec.listener.port")
+    p.add_argument("--state-dir", type=Path, default=default_state_dir() / "serve")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("validate", help="check a config file")
+    p.add_argument("file", type=Path)
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("render-envoy", help="print the Envoy bootstrap for a config")
+    p.add_argument("file", type=Path)
+    p.add_argument("--state-dir", type=Path, default=default_state_dir() / "serve")
+    p.set_defaults(func=_cmd_render_envoy)
+
+    p = sub.add_parser(
+        "sim", help="run a simulated model-server fleet (see igw sim --help)", add_help=False
+    )
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_sim)
+
+    p = sub.add_parser("bench", help="routing benchmarks (see igw bench --help)", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_bench)
+
+    for name, func in (("status", _cmd_status), ("explain", _cmd_explain)):
+        p = sub.add_parser(name, help=f"admin: {name}")
+        p.add_argument("--admin", default=ADMIN_DEFAULT, help="picker admin address host:port")
+        p.set_defaults(func=func)
+        if name == "status":
+            p.add_argument("--json", action="store_true")
+        else:
+            p.add_argument("--model")
+            p.add_argument("--prompt", default="hello")
+            p.add_argument("--body", help="file holding a full request body")
+            p.add_argument("--path", default="/v1/chat/completions")
+
+    for name, drain in (("drain", True), ("undrain", False)):
+        p = sub.add_parser(name, help=f"admin: {name} a pod")
+        p.add_argument("pool")
+        p.add_argument("address")
+        p.add_argument("--admin", default=ADMIN_DEFAULT)
+        p.set_defaults(func=lambda a, d=drain: _cmd_drain(a, d))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

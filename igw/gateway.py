@@ -1,0 +1,225 @@
+"""`igw serve` and `igw up`: Envoy + the picker (+ a simulated fleet) as supervised children."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import ssl
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from igw_envoy.binary import find_envoy
+from igw_envoy.render import write_bootstrap
+
+from igw.supervisor import ChildSpec, Supervisor, run_until_signalled
+from picker.config import GatewayConfig, load_config
+
+READY_TIMEOUT_S = 60.0
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("IGW_STATE_DIR")
+    base = Path(env) if env else Path.home() / ".local" / "state" / "igw"
+    return base
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def effective_config(config: GatewayConfig, port: int | None) -> GatewayConfig:
+    return config if port is None else dataclasses.replace(config, listen_port=port)
+
+
+def gateway_children(
+    config_path: Path, state_dir: Path, port: int | None, log_level: str = "INFO"
+) -> list[ChildSpec]:
+    """The picker first (Envoy's ext_proc calls it), then Envoy."""
+    envoy_yaml = state_dir / "envoy.yaml"
+
+    def render() -> None:
+        config = effective_config(load_config(config_path), port)
+        write_bootstrap(config, state_dir)
+
+    render()
+    picker = ChildSpec(
+        name="picker",
+        argv=[
+            sys.executable,
+            "-m",
+            "picker",
+            "--config",
+            str(config_path),
+            "--state-dir",
+            str(state_dir),
+            "--log-level",
+            log_level,
+        ],
+    )
+    envoy = ChildSpec(
+        name="envoy",
+        argv=[
+            find_envoy(),
+            "-c",
+            str(envoy_yaml),
+            "--log-level",
+            "warn",
+            "--use-dynamic-base-id",
+            "--drain-time-s",
+            "5",
+            "--parent-shutdown-time-s",
+            "10",
+        ],
+        before_start=render,
+        stop_timeout_s=10.0,
+    )
+    return [picker, envoy]
+
+
+async def wait_ready(config: GatewayConfig, deadline_s: float = READY_TIMEOUT_S) -> None:
+    """Until the picker answers gRPC health and Envoy answers HTTPS /healthz."""
+    deadline = time.monotonic() + deadline_s
+    await _wait(lambda: _picker_serving(config.picker_port), deadline, "picker")
+    await _wait(lambda: _envoy_serving(config.listen_port), deadline, "envoy")
+
+
+async def _wait(probe, deadline: float, what: str) -> None:
+    while time.monotonic() < deadline:
+        if await probe():
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{what} not ready in time")
+
+
+async def _picker_serving(port: int) -> bool:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def _envoy_serving(port: int) -> bool:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port, ssl=ctx), 1.0
+        )
+    except (OSError, TimeoutError, ssl.SSLError):
+        return False
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        line = await asyncio.wait_for(reader.readline(), 1.0)
+        return b" 200 " in line
+    except (OSError, TimeoutError, ssl.SSLError):
+        return False
+    finally:
+        writer.close()
+
+
+def announce(config: GatewayConfig, state_dir: Path, sample: bool) -> None:
+    """First line: the URL. Then how to trust the certificate and try it."""
+    url = f"https://127.0.0.1:{config.listen_port}"
+    print(url, flush=True)
+    ca = state_dir / "tls" / "ca.pem"
+    if config.tls.certificate_file is None:
+        print(f"# self-signed CA (trust it): {ca}", flush=True)
+    if sample:
+        model = config.schedulers[0].model_name
+        print(
+            f"# try: curl --cacert {ca} {url}/v1/chat/completions "
+            f"-H 'content-type: application/json' "
+            f'-d \'{{"model": "{model}", "messages": [{{"role": "user", '
+            f'"content": "hello"}}], "max_tokens": 16}}\'',
+            flush=True,
+        )
+
+
+async def serve(config_path: Path, state_dir: Path, port: int | None) -> int:
+    config = effective_config(load_config(config_path), port)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    supervisor = Supervisor(gateway_children(config_path, state_dir, port))
+
+    async def ready() -> None:
+        await wait_ready(config)
+        announce(config, state_dir, sample=False)
+
+    return await run_until_signalled(supervisor, ready)
+
+
+def default_fleet() -> dict:
+    return yaml.safe_load(resources.files("igw").joinpath("default_fleet.yaml").read_text())
+
+
+def up_files(state_dir: Path, port: int) -> tuple[Path, Path]:
+    """Write the embedded fleet and a gateway config pointing at it, on free ports."""
+    fleet = default_fleet()
+    by_model: dict[str, list[str]] = {}
+    for pod in fleet["pods"]:
+        pod["port"] = free_port()
+        by_model.setdefault(pod["model"], []).append(f"127.0.0.1:{pod['port']}")
+    schedulers = []
+    for i, (model, endpoints) in enumerate(by_model.items()):
+        adapters = sorted(
+            {a for p in fleet["pods"] if p["model"] == model for a in p.get("lora_adapters", [])}
+        )
+        schedulers.append(
+            {
+                "name": f"pool-{i}-{model.replace('.', '-').lower()}"[:63].rstrip("-"),
+                "modelName": model,
+                "endpoints": endpoints,
+                "loraAdapters": adapters,
+                "engineType": "vllm",
+            }
+        )
+    config = {
+        "apiVersion": "inference-gateway.io/v1alpha1",
+        "kind": "InferenceGatewayConfig",
+        "metadata": {"name": "igw-up"},
+        "spec": {
+            "tls": {},
+            "bbr": {"enabled": True},
+            "schedulers": schedulers,
+            "listener": {"address": "127.0.0.1", "port": port},
+            "ports": {
+                "picker": free_port(),
+                "admin": free_port(),
+                "metrics": free_port(),
+                "envoyAdmin": free_port(),
+            },
+        },
+    }
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fleet_path, config_path = state_dir / "fleet.yaml", state_dir / "gateway.yaml"
+    fleet_path.write_text(yaml.safe_dump(fleet, sort_keys=False))
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return fleet_path, config_path
+
+
+async def up(state_dir: Path, port: int) -> int:
+    fleet_path, config_path = up_files(state_dir, port)
+    config = load_config(config_path)
+    sim = ChildSpec(
+        name="simulator", argv=[sys.executable, "-m", "simulator", "--fleet", str(fleet_path)]
+    )
+    supervisor = Supervisor([sim, *gateway_children(config_path, state_dir, None)])
+
+    async def ready() -> None:
+        await wait_ready(config)
+        announce(config, state_dir, sample=True)
+        print(f"# fleet: {fleet_path}  config: {config_path}", flush=True)
+
+    return await run_until_signalled(supervisor, ready)

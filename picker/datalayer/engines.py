@@ -1,0 +1,175 @@
+"""Per-engine metric names: which Prometheus series mean what.
+
+Each model server spells the same few facts differently (DESIGN §4). A profile
+maps every series name the gateway reads to the signal it carries, so the
+parser, the direct collector and the Prometheus source all speak in signals
+and never in engine-specific names. Names listed earlier for the same signal
+win over later ones: that is how vLLM's current `vllm:kv_cache_usage_perc`
+takes precedence over the older `vllm:gpu_cache_usage_perc` when a server
+exports both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Signal(str, Enum):
+    """What a series means to the gateway, independent of engine."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    KV_USAGE = "kv_usage"
+    LORA_INFO = "lora_info"
+    CACHE_INFO = "cache_info"
+    KV_BLOCK_SIZE = "kv_block_size"
+    KV_NUM_BLOCKS = "kv_num_blocks"
+    TTFT_SUM = "ttft_sum"
+    TTFT_COUNT = "ttft_count"
+    PREFILL_TIME_SUM = "prefill_time_sum"
+    PREFILL_TIME_COUNT = "prefill_time_count"
+    QUEUE_TIME_SUM = "queue_time_sum"
+    QUEUE_TIME_COUNT = "queue_time_count"
+    TPOT_SUM = "tpot_sum"
+    TPOT_COUNT = "tpot_count"
+    PROMPT_TOKENS = "prompt_tokens"
+    GENERATION_TOKENS = "generation_tokens"
+    # prompt tokens of *finished* requests (histogram sum): observed at the same
+    # moment as the prefill-time histogram, so the two deltas cover the same requests
+    FINISHED_PROMPT_TOKENS = "finished_prompt_tokens"
+
+
+class Aggregate(str, Enum):
+    """How several series of one signal (per engine rank, per model) combine."""
+
+    SUM = "sum"
+    MAX = "max"
+    NEWEST = "newest"  # info gauge whose value is a timestamp: keep the newest
+    FIRST = "first"
+
+
+# KV usage is a fraction per engine rank: the fullest rank is what admission hits first.
+_AGGREGATE = {Signal.KV_USAGE: Aggregate.MAX, Signal.LORA_INFO: Aggregate.NEWEST,
+              Signal.CACHE_INFO: Aggregate.FIRST, Signal.KV_BLOCK_SIZE: Aggregate.MAX,
+              Signal.KV_NUM_BLOCKS: Aggregate.SUM}
+
+INFO_SIGNALS = frozenset({Signal.LORA_INFO, Signal.CACHE_INFO})
+REQUIRED_SIGNALS = frozenset({Signal.WAITING, Signal.RUNNING, Signal.KV_USAGE})
+
+
+def aggregate_of(signal: Signal) -> Aggregate:
+    return _AGGREGATE.get(signal, Aggregate.SUM)
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """The series one engine exports, in preference order per signal.
+
+    `series` is (metric name, signal) pairs; `cache_labels` names the labels of
+    the cache-info gauge that hold (block size, number of blocks); `required`
+    are the signals without which a scrape counts as failed (a page that lacks
+    the queue length is an error page, not an idle server).
+    """
+
+    name: str
+    series: tuple[tuple[str, Signal], ...]
+    cache_labels: tuple[str, str] = ("block_size", "num_gpu_blocks")
+    required: frozenset[Signal] = REQUIRED_SIGNALS
+    names: dict[str, Signal] = field(init=False, repr=False, compare=False)
+    rank: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = {name: signal for name, signal in self.series}
+        rank: dict[str, int] = {}
+        seen: dict[Signal, int] = {}
+        for name, signal in self.series:
+            rank[name] = seen.get(signal, 0)
+            seen[signal] = rank[name] + 1
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "rank", rank)
+
+    def metric_names(self, signal: Signal) -> tuple[str, ...]:
+        """All names carrying `signal`, preferred first."""
+        return tuple(name for name, s in self.series if s is signal)
+
+    def signals(self) -> tuple[Signal, ...]:
+        return tuple(dict.fromkeys(s for _, s in self.series))
+
+
+def _histogram(base: str, total: Signal, count: Signal) -> tuple[tuple[str, Signal], ...]:
+    """Only _sum and _count of a histogram are read; buckets are never needed."""
+    return ((f"{base}_sum", total), (f"{base}_count", count))
+
+
+VLLM = EngineProfile(
+    name="vllm",
+    series=(
+        ("vllm:num_requests_waiting", Signal.WAITING),
+        ("vllm:num_requests_running", Signal.RUNNING),
+        ("vllm:kv_cache_usage_perc", Signal.KV_USAGE),
+        ("vllm:gpu_cache_usage_perc", Signal.KV_USAGE),  # before vLLM 0.10
+        ("vllm:lora_requests_info", Signal.LORA_INFO),
+        ("vllm:cache_config_info", Signal.CACHE_INFO),
+        *_histogram("vllm:time_to_first_token_seconds", Signal.TTFT_SUM, Signal.TTFT_COUNT),
+        *_histogram("vllm:request_prefill_time_seconds",
+                    Signal.PREFILL_TIME_SUM, Signal.PREFILL_TIME_COUNT),
+        *_histogram("vllm:request_queue_time_seconds",
+                    Signal.QUEUE_TIME_SUM, Signal.QUEUE_TIME_COUNT),
+        # renamed in vLLM 0.11; both are the time between two output tokens
+        *_histogram("vllm:inter_token_latency_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
+        *_histogram("vllm:time_per_output_token_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
+        ("vllm:prompt_tokens_total", Signal.PROMPT_TOKENS),
+        ("vllm:generation_tokens_total", Signal.GENERATION_TOKENS),
+        ("vllm:request_prompt_tokens_sum", Signal.FINISHED_PROMPT_TOKENS),
+    ),
+)
+
+SGLANG = EngineProfile(
+    name="sglang",
+    series=(
+        ("sglang:num_queue_reqs", Signal.WAITING),
+        ("sglang:num_running_reqs", Signal.RUNNING),
+        ("sglang:token_usage", Signal.KV_USAGE),
+        ("sglang:cache_config_info", Signal.CACHE_INFO),
+        *_histogram("sglang:time_to_first_token_seconds", Signal.TTFT_SUM, Signal.TTFT_COUNT),
+        *_histogram("sglang:queue_time_seconds", Signal.QUEUE_TIME_SUM, Signal.QUEUE_TIME_COUNT),
+        # SGLang's _sum adds whole intervals and _count adds tokens: sum/count is s/token
+        *_histogram("sglang:inter_token_latency_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
+        *_histogram("sglang:time_per_output_token_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
+        ("sglang:prompt_tokens_total", Signal.PROMPT_TOKENS),
+        ("sglang:generation_tokens_total", Signal.GENERATION_TOKENS),
+    ),
+    cache_labels=("page_size", "num_pages"),
+)
+
+TRTLLM = EngineProfile(
+    name="trtllm",
+    series=(
+        ("trtllm_num_requests_waiting", Signal.WAITING),
+        ("trtllm_num_requests_running", Signal.RUNNING),
+        ("trtllm_kv_cache_utilization", Signal.KV_USAGE),
+        ("trtllm_kv_cache_tokens_per_block", Signal.KV_BLOCK_SIZE),
+        ("trtllm_kv_cache_max_blocks", Signal.KV_NUM_BLOCKS),
+        *_histogram("trtllm_time_to_first_token_seconds", Signal.TTFT_SUM, Signal.TTFT_COUNT),
+        *_histogram("trtllm_request_prefill_time_seconds",
+                    Signal.PREFILL_TIME_SUM, Signal.PREFILL_TIME_COUNT),
+        *_histogram("trtllm_request_queue_time_seconds",
+                    Signal.QUEUE_TIME_SUM, Signal.QUEUE_TIME_COUNT),
+        *_histogram("trtllm_time_per_output_token_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
+        ("trtllm_prompt_tokens_total", Signal.PROMPT_TOKENS),
+        ("trtllm_generation_tokens_total", Signal.GENERATION_TOKENS),
+    ),
+)
+
+PROFILES: dict[str, EngineProfile] = {p.name: p for p in (VLLM, SGLANG, TRTLLM)}
+
+
+def profile_for(engine_type: str) -> EngineProfile:
+    """The profile for a scheduler's `engineType`; config validation already limits the names."""
+    try:
+        return PROFILES[engine_type]
+    except KeyError:
+        raise ValueError(
+            f"unknown engineType {engine_type!r}; known: {', '.join(PROFILES)}"
+        ) from None

@@ -1,0 +1,220 @@
+"""From a request body to a routing decision: bbr → pool → admission → pick.
+
+The director is the one place that knows the order of a request's steps. It
+holds no transport code (that is the handler) and no scoring (that is the
+scheduler): it parses the body once, finds the pool in O(1), asks the pool's
+scheduler for a pod plus fallbacks, and closes the books when the request ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from bbr.model_map import ModelMap
+from bbr.prefix import prefix_hashes
+from bbr.request import parse_request
+
+from bbr import headers as hdr
+from bbr.errors import ApiError, InvalidRequest, NoReadyEndpoint, Overloaded
+from picker.config import GatewayConfig
+from picker.datastore import Datastore, Pool
+from picker.gateway_metrics import GatewayMetrics
+from picker.scheduling.admission import AdmissionQueue
+from picker.scheduling.request import SchedulingRequest
+from picker.scheduling.saturation import pool_saturated
+from picker.scheduling.scheduler import NoCandidates, Scheduler
+
+log = logging.getLogger("picker.director")
+
+MAX_PREFIX_BLOCKS = 2048
+_CRITICALITY_PRIORITY = {"critical": 10, "standard": 0, "sheddable": -10}
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What the handler read from the request headers."""
+
+    path: str = ""
+    content_type: str | None = None
+    content_encoding: str | None = None
+    priority: str | None = None
+    criticality: str | None = None
+    request_id: str = ""
+
+
+@dataclass(slots=True)
+class Decision:
+    """One routed request, from pick to end."""
+
+    pool: Pool
+    scheduler: Scheduler
+    request: SchedulingRequest
+    base_model: str
+    started: float
+    row: int = -1
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    admission_wait: float | None = None
+    status: int = 0
+
+    @property
+    def dispatched(self) -> bool:
+        return self.row >= 0
+
+
+def _priority(info: RequestInfo) -> tuple[int, bool]:
+    """Request priority and sheddability from the client's hint headers."""
+    priority = 0
+    if info.priority:
+        try:
+            priority = max(-100, min(100, int(info.priority)))
+        except ValueError:
+            raise _bad_header(hdr.PRIORITY, info.priority) from None
+    criticality = (info.criticality or "").lower()
+    if criticality and criticality not in _CRITICALITY_PRIORITY:
+        raise _bad_header(hdr.CRITICALITY, info.criticality or "")
+    if criticality and not info.priority:
+        priority = _CRITICALITY_PRIORITY[criticality]
+    return priority, criticality == "sheddable" or priority < 0
+
+
+def _bad_header(name: str, value: str) -> ApiError:
+    return InvalidRequest(f"header {name}: invalid value {value[:64]!r}")
+
+
+class Director:
+    """Routes requests for every pool of the current config."""
+
+    def __init__(
+        self, datastore: Datastore, metrics: GatewayMetrics, rng: np.random.Generator | None = None
+    ) -> None:
+        self.datastore = datastore
+        self.metrics = metrics
+        self.rng = rng or np.random.default_rng()
+        self.schedulers: dict[str, Scheduler] = {}
+        self.admission: dict[str, AdmissionQueue] = {}
+        self.apply_config(datastore.config)
+
+    def apply_config(self, config: GatewayConfig) -> None:
+        """Adopt a (re)loaded config; schedulers keep their learned state."""
+        self.config = config
+        self.model_map = ModelMap.from_pools(
+            (s.name, s.model_name, s.lora_adapters) for s in config.schedulers
+        )
+        self._models_body = self.model_map.models_response()
+        schedulers: dict[str, Scheduler] = {}
+        admission: dict[str, AdmissionQueue] = {}
+        for name, pool in self.datastore.pools.items():
+            sched = self.schedulers.get(name)
+            if sched is None:
+                sched = Scheduler(pool, max_fallbacks=config.max_fallbacks, rng=self.rng)
+            else:
+                sched.reconfigure(pool, config.max_fallbacks)
+            schedulers[name] = sched
+            admission[name] = self.admission.get(name) or AdmissionQueue(pool, sched)
+        for name, queue in self.admission.items():
+            if name not in admission:
+                queue.close()
+        self.schedulers = schedulers
+        self.admission = admission
+
+    def models_body(self) -> bytes:
+        return self._models_body
+
+    def route_now(self, body: bytes, info: RequestInfo) -> Decision:
+        """Parse, resolve and pick; when the pool is saturated, return a decision
+        that must wait in admission (`admission_wait` set) before it is picked."""
+        started = time.monotonic()
+        try:
+            parsed = parse_request(
+                body,
+                info.path,
+                info.content_type,
+                info.content_encoding,
+                self.config.bbr.max_request_body_bytes,
+            )
+            route = self.model_map.resolve(parsed.model)
+            priority, sheddable = _priority(info)
+        except ApiError as exc:
+            self.metrics.rejected(exc.status)
+            raise
+        pool = self.datastore.pools[route.pool]
+        request = SchedulingRequest(
+            model=parsed.model,
+            adapter=route.adapter,
+            prompt_tokens=parsed.prompt_tokens,
+            max_tokens=parsed.max_tokens,
+            prefix_hashes=prefix_hashes(route.base_model, parsed.prompt, MAX_PREFIX_BLOCKS),
+            priority=priority,
+            sheddable=sheddable,
+        )
+        decision = Decision(
+            pool=pool,
+            scheduler=self.schedulers[pool.name],
+            request=request,
+            base_model=route.base_model,
+            started=started,
+        )
+        if pool_saturated(pool, started):
+            if sheddable:
+                self.metrics.shed(pool.name)
+                raise Overloaded(f"pool {pool.name} is saturated; request shed", retry_after=1)
+            decision.admission_wait = pool.config.saturation.queue_timeout_s
+            return decision
+        self._pick(decision, started)
+        return decision
+
+    async def admit(self, decision: Decision) -> None:
+        """Wait for capacity (bounded queue, highest priority first), then pick."""
+        queue = self.admission[decision.pool.name]
+        try:
+            await queue.acquire(decision.request, decision.admission_wait or 0.0)
+        except ApiError as exc:
+            self.metrics.rejected(exc.status)
+            raise
+        self._pick(decision, time.monotonic())
+
+    def _pick(self, decision: Decision, now: float) -> None:
+        pool = decision.pool
+        try:
+            pick = decision.scheduler.pick(decision.request, now)
+        except NoCandidates as exc:
+            self.metrics.rejected(503)
+            raise NoReadyEndpoint(
+                f"no ready endpoint for model {decision.request.model!r} (pool {pool.name})",
+                retry_after=1,
+            ) from exc
+        decision.row = int(pick.rows[0])
+        decision.scheduler.on_dispatch(decision.row, decision.request, now)
+        decision.headers = [
+            (hdr.POOL, pool.name),
+            (hdr.DESTINATION_ENDPOINT, ",".join(pick.addresses)),
+            (hdr.MODEL_NAME, decision.request.model),
+            (hdr.BASE_MODEL_NAME, decision.base_model),
+        ]
+        self.metrics.picked(pool.name, pick.addresses[0], time.monotonic() - decision.started)
+        log.debug(
+            "pick pool=%s model=%s pod=%s fallbacks=%s",
+            pool.name,
+            decision.request.model,
+            pick.addresses[0],
+            pick.addresses[1:],
+        )
+
+    def complete(self, decision: Decision) -> None:
+        """The HTTP request ended (stream closed): release its accounting."""
+        if not decision.dispatched:
+            return
+        now = time.monotonic()
+        ok = decision.status == 0 or decision.status < 500
+        pool = decision.pool
+        if pool.row_address[decision.row] is not None:
+            decision.scheduler.on_complete(
+                decision.row, decision.request, now, now - decision.started, ok
+            )
+        self.metrics.completed(pool.name, decision.status)
+        queue = self.admission.get(pool.name)
+        if queue is not None:
+            queue.notify()

@@ -1,0 +1,139 @@
+"""The gateway's own Prometheus metrics; every name is defined in this file.
+
+Per-request cost is kept to a couple of counter/histogram updates. Everything
+per pod (signals, picks, in-flight) is already in the datastore's columns, so
+it is read from there when Prometheus scrapes, not counted again per request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from picker.datastore import Datastore
+
+PREFIX = "igw"
+SCHED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0)
+
+# (column, metric suffix, help) exported per pod from the datastore.
+POD_GAUGES = (
+    ("waiting", "pod_waiting_requests", "Requests waiting on the pod, as last scraped."),
+    ("running", "pod_running_requests", "Requests running on the pod, as last scraped."),
+    ("kv_usage", "pod_kv_cache_usage_ratio", "KV-cache use (0..1), as last scraped."),
+    ("inflight", "pod_inflight_requests", "Requests the gateway sent that have not ended."),
+    ("dispatched", "pod_dispatched_since_scrape", "Requests sent since the last good scrape."),
+    ("outstanding_prefill", "pod_outstanding_prefill_tokens", "Prompt tokens sent, unfinished."),
+    ("prefill_tps", "pod_prefill_tokens_per_second", "Learned prefill speed."),
+    ("decode_step_s", "pod_decode_seconds_per_token", "Learned decode time per output token."),
+    ("ttft_s", "pod_observed_ttft_seconds", "Recent mean time to first token on the pod."),
+)
+
+
+class GatewayMetrics:
+    """Counters the request path updates, plus a collector over the datastore."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            f"{PREFIX}_requests", "Requests routed to a pod.", ["pool"], registry=r
+        )
+        self.errors = Counter(
+            f"{PREFIX}_request_errors",
+            "Requests the gateway answered with an error.",
+            ["code"],
+            registry=r,
+        )
+        self.completions = Counter(
+            f"{PREFIX}_requests_completed", "Routed requests that ended.", ["pool"], registry=r
+        )
+        self.shed_total = Counter(
+            f"{PREFIX}_requests_shed",
+            "Sheddable requests refused (429) on a saturated pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.scheduling = Histogram(
+            f"{PREFIX}_scheduling_duration_seconds",
+            "Time from body received to pick (excluding admission wait).",
+            buckets=SCHED_BUCKETS,
+            registry=r,
+        )
+        self._requests_by_pool: dict[str, Counter] = {}
+        self._completions_by_pool: dict[str, Counter] = {}
+
+    def attach(
+        self, datastore: Datastore, extra: Callable[[], Iterator[Metric]] | None = None
+    ) -> None:
+        """Export per-pod figures from the datastore (and anything `extra` yields)."""
+        self.registry.register(_DatastoreCollector(datastore, extra))
+
+    def picked(self, pool: str, pod: str, seconds: float) -> None:
+        child = self._requests_by_pool.get(pool)
+        if child is None:
+            child = self._requests_by_pool[pool] = self.requests.labels(pool)
+        child.inc()
+        self.scheduling.observe(seconds)
+
+    def completed(self, pool: str, status: int) -> None:
+        child = self._completions_by_pool.get(pool)
+        if child is None:
+            child = self._completions_by_pool[pool] = self.completions.labels(pool)
+        child.inc()
+
+    def rejected(self, status: int) -> None:
+        self.errors.labels(str(status)).inc()
+
+    def shed(self, pool: str) -> None:
+        self.shed_total.labels(pool).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _DatastoreCollector(Collector):
+    """Reads the pod columns at scrape time."""
+
+    def __init__(self, datastore: Datastore, extra: Callable[[], Iterator[Metric]] | None) -> None:
+        self.datastore = datastore
+        self.extra = extra
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["pool", "pod"]
+        gauges = {
+            col: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+            for col, name, doc in POD_GAUGES
+        }
+        picks = CounterMetricFamily(
+            f"{PREFIX}_pod_picks", "Requests sent to the pod.", labels=labels
+        )
+        age = GaugeMetricFamily(
+            f"{PREFIX}_pod_metrics_age_seconds",
+            "Seconds since the pod's last good scrape.",
+            labels=labels,
+        )
+        fresh = GaugeMetricFamily(
+            f"{PREFIX}_pod_ready",
+            "1 when the pod can receive requests (ready, metrics ok).",
+            labels=labels,
+        )
+        now = time.monotonic()
+        for pool in self.datastore.pools.values():
+            t = pool.table
+            for address, pod in pool.pods.items():
+                row, lv = pod.row, [pool.name, address]
+                for col, gauge in gauges.items():
+                    gauge.add_metric(lv, float(getattr(t, col)[row]))
+                picks.add_metric(lv, float(t.picks[row]))
+                scraped = t.scraped_at[row]
+                age.add_metric(lv, now - scraped if scraped > 0 else float("inf"))
+                ok = t.valid[row] and t.ready[row] and t.metrics_ok[row] and not t.draining[row]
+                fresh.add_metric(lv, 1.0 if ok else 0.0)
+        yield from gauges.values()
+        yield from (picks, age, fresh)
+        if self.extra is not None:
+            yield from self.extra()

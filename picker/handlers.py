@@ -1,0 +1,199 @@
+"""The ext_proc stream state machine: headers → body → (wait for the end).
+
+One gRPC stream per HTTP request. Envoy sends the request headers, then the
+buffered body; the picker answers the body with the routing header mutation.
+The stream stays open until Envoy finishes the HTTP request, so the stream's
+end is the request's end: that is where in-flight accounting is closed, at no
+extra message cost. Everything a client can get wrong becomes an ApiError in
+the director and is turned into an ImmediateResponse here, in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import duration_pb2
+
+from bbr import headers as hdr
+from bbr.errors import ApiError, InvalidRequest, error_body, error_headers
+from picker.director import Decision, Director, RequestInfo
+
+log = logging.getLogger("picker.handlers")
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+# Constant answers are serialized once: the server writes raw bytes.
+CONTINUE_HEADERS = ext_proc.ProcessingResponse(
+    request_headers=ext_proc.HeadersResponse()
+).SerializeToString()
+CONTINUE_RESPONSE_HEADERS = ext_proc.ProcessingResponse(
+    response_headers=ext_proc.HeadersResponse()
+).SerializeToString()
+_MODELS_PATHS = frozenset({"/v1/models", "/models"})
+
+
+@dataclass(slots=True)
+class _Headers:
+    """What the picker needs from the request headers, read in one pass."""
+
+    method: str = ""
+    path: str = ""
+    content_type: str | None = None
+    content_encoding: str | None = None
+    request_id: str = ""
+    priority: str | None = None
+    criticality: str | None = None
+
+
+def _read_headers(header_map: base_pb2.HeaderMap) -> _Headers:
+    out = _Headers()
+    for h in header_map.headers:
+        key = h.key
+        value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+        if key == ":path":
+            out.path = value.split("?", 1)[0]
+        elif key == ":method":
+            out.method = value
+        elif key == "content-type":
+            out.content_type = value
+        elif key == "content-encoding":
+            out.content_encoding = value
+        elif key == "x-request-id":
+            out.request_id = value
+        elif key == hdr.PRIORITY:
+            out.priority = value
+        elif key == hdr.CRITICALITY:
+            out.criticality = value
+    return out
+
+
+def immediate(status: int, body: bytes, headers: list[tuple[str, str]]) -> bytes:
+    """An ImmediateResponse, serialized: Envoy answers the client with it directly."""
+    mutation = ext_proc.HeaderMutation(
+        set_headers=[
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+            )
+            for k, v in headers
+        ]
+    )
+    return ext_proc.ProcessingResponse(
+        immediate_response=ext_proc.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status), headers=mutation, body=body
+        )
+    ).SerializeToString()
+
+
+def error_response(exc: ApiError) -> bytes:
+    return immediate(exc.status, error_body(exc), error_headers(exc))
+
+
+def route_response(decision: Decision) -> bytes:
+    """Body answer carrying the routing headers; the route cache is cleared so
+    Envoy re-matches on x-gateway-pool and sends to the picked pod."""
+    sets = [
+        base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+        )
+        for k, v in decision.headers
+    ]
+    return ext_proc.ProcessingResponse(
+        request_body=ext_proc.BodyResponse(
+            response=ext_proc.CommonResponse(
+                header_mutation=ext_proc.HeaderMutation(set_headers=sets), clear_route_cache=True
+            )
+        )
+    ).SerializeToString()
+
+
+def extend_timeout(seconds: float) -> bytes:
+    """Tell Envoy to wait longer for this stream's answer (held in admission)."""
+    whole = int(seconds)
+    timeout = duration_pb2.Duration(seconds=whole, nanos=int((seconds - whole) * 1e9))
+    return ext_proc.ProcessingResponse(override_message_timeout=timeout).SerializeToString()
+
+
+class ExtProcHandler:
+    """Serves envoy.service.ext_proc.v3.ExternalProcessor/Process."""
+
+    def __init__(self, director: Director) -> None:
+        self.director = director
+
+    async def process(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
+        """Drive one HTTP request through its phases; account its end in `finally`."""
+        decision: Decision | None = None
+        try:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return
+            if msg.HasField("request_headers"):
+                info = _read_headers(msg.request_headers.headers)
+                answer = self._on_headers(info, msg.request_headers.end_of_stream)
+                await context.write(answer)
+                if answer is not CONTINUE_HEADERS:
+                    return
+                msg = await context.read()
+                if msg is grpc.aio.EOF:
+                    return
+            else:
+                info = _Headers()
+            if not msg.HasField("request_body"):
+                return
+            decision, answer = await self._on_body(msg.request_body.body, info, context)
+            await context.write(answer)
+            if decision is not None:
+                await self._wait_for_end(context, decision)
+        except ApiError as exc:
+            await context.write(error_response(exc))
+        finally:
+            if decision is not None:
+                self.director.complete(decision)
+
+    def _on_headers(self, info: _Headers, end_of_stream: bool) -> bytes:
+        if info.method == "GET" and info.path in _MODELS_PATHS:
+            return immediate(
+                200, self.director.models_body(), [("content-type", "application/json")]
+            )
+        if end_of_stream:
+            raise InvalidRequest(f"{info.method} {info.path}: request body required")
+        return CONTINUE_HEADERS
+
+    async def _on_body(
+        self, body: bytes, info: _Headers, context: grpc.aio.ServicerContext
+    ) -> tuple[Decision | None, bytes]:
+        request = RequestInfo(
+            path=info.path,
+            content_type=info.content_type,
+            content_encoding=info.content_encoding,
+            priority=info.priority,
+            criticality=info.criticality,
+            request_id=info.request_id,
+        )
+        decision = self.director.route_now(body, request)
+        if decision.admission_wait is not None:
+            await context.write(extend_timeout(decision.admission_wait + 1.0))
+            await self.director.admit(decision)
+        return decision, route_response(decision)
+
+    async def _wait_for_end(self, context: grpc.aio.ServicerContext, decision: Decision) -> None:
+        """Read until Envoy closes the stream; a response-headers phase, if configured,
+        is acknowledged and its status recorded."""
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return
+            if msg.HasField("response_headers"):
+                decision.status = _status_of(msg.response_headers.headers)
+                await context.write(CONTINUE_RESPONSE_HEADERS)
+
+
+def _status_of(header_map: base_pb2.HeaderMap) -> int:
+    for h in header_map.headers:
+        if h.key == ":status":
+            raw = h.raw_value.decode() if h.raw_value else h.value
+            return int(raw) if raw.isdigit() else 0
+    return 0

@@ -1,0 +1,410 @@
+"""The engine model of one pod: FCFS queue, continuous batching, KV cache, LoRA slots.
+
+One asyncio task per pod runs scheduler iterations back to back and sleeps until each
+iteration's model end time; requests only wait on a future that the loop resolves when they
+get tokens. Per-token work is a few attribute updates, so many pods fit in one process.
+
+Time: the engine's clock is ``loop.time() * time_scale`` ("model seconds"); every latency it
+reports is in model seconds, while it sleeps ``model seconds / time_scale`` of wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.kv_cache import Allocation, KVCache
+from simulator.lora import LoraSlots
+from simulator.profiles import EngineProfile
+from simulator.stats import EngineStats
+
+# epoll rounds sleep timeouts up to whole milliseconds; waking this much early centres the
+# delivery error around zero (tokens leave within about ±0.5 ms of their model time).
+EARLY_WAKE_S = 0.0005
+# After this long without tokens, gen_throughput reads 0 (SGLang logs per interval).
+THROUGHPUT_WINDOW_S = 1.0
+
+
+class QueueFull(Exception):
+    """The waiting queue is at max_queue (the server answers 503)."""
+
+
+class PromptTooLong(ValueError):
+    """The prompt cannot fit the model's context (the server answers 400)."""
+
+
+class EngineStopped(Exception):
+    """The pod crashed or stopped while the request was in flight."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Per-pod knobs that are not hardware figures."""
+
+    model: str
+    profile: EngineProfile
+    max_num_seqs: int = 256
+    max_loras: int = 1
+    max_queue: int = 1024
+    max_num_batched_tokens: int = 8192
+    time_scale: float = 1.0
+
+
+@dataclass(eq=False, slots=True)
+class SimRequest:
+    """One request's engine-side state; times are model seconds."""
+
+    model: str
+    adapter: str | None
+    prompt_tokens: int
+    hashes: list[int]
+    max_tokens: int
+    stream: bool
+    explicit_max: bool = True
+    arrival: float = 0.0
+    generated: int = 0
+    cached_tokens: int = 0
+    admitted_once: bool = False
+    scheduled_at: float = 0.0
+    first_token_at: float = 0.0
+    last_token_at: float = 0.0
+    finished_at: float = 0.0
+    finished: bool = False
+    error: str | None = None
+    alloc: Allocation | None = None
+    waiter: asyncio.Future[None] | None = field(default=None, repr=False)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    async def progress(self) -> None:
+        """Wait until the engine hands this request more tokens (streaming) or finishes it."""
+        if self.finished:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self.waiter = fut
+        try:
+            await fut
+        finally:
+            self.waiter = None
+
+    def wake(self) -> None:
+        fut = self.waiter
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+
+class Engine:
+    """vLLM-like scheduler over a KV cache and LoRA slots; see docs/simulator.md."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.profile = config.profile
+        self.kv = KVCache(config.profile.num_gpu_blocks)
+        self.lora = LoraSlots(config.max_loras)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stats = EngineStats()
+        self.slowdown = 1.0
+        self.iteration = 0
+        self.gen_throughput = 0.0
+        self._window_start = 0.0
+        self._window_tokens = 0
+        self._last_end = 0.0
+        self._iter_start = 0.0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run(), name=f"engine-{self.config.model}")
+
+    async def stop(self) -> None:
+        """Cancel the loop and fail every request in flight (a crash loses them all)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for req in [*self.running, *self.waiting]:
+            self._release(req)
+            req.error = "engine stopped"
+            req.finished = True
+            req.wake()
+        self.running.clear()
+        self.waiting.clear()
+
+    def now(self) -> float:
+        """Model time in seconds."""
+        loop = self._loop or asyncio.get_running_loop()
+        return loop.time() * self.config.time_scale
+
+    # ----- request API -----------------------------------------------------------------------
+
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request (FCFS) or raise QueueFull / PromptTooLong."""
+        if req.prompt_tokens + 1 > self.profile.max_model_len:
+            raise PromptTooLong(
+                f"This model's maximum context length is {self.profile.max_model_len} tokens. "
+                f"However, your request has {req.prompt_tokens} input tokens."
+            )
+        if len(self.waiting) >= self.config.max_queue:
+            self.stats.rejected += 1
+            raise QueueFull(f"waiting queue is full ({self.config.max_queue})")
+        req.max_tokens = max(1, min(req.max_tokens, self.profile.max_model_len - req.prompt_tokens))
+        req.arrival = self.now()
+        self.waiting.append(req)
+        self._wake.set()
+
+    def abort(self, req: SimRequest) -> None:
+        """Drop a request whose client went away, freeing its slot and blocks."""
+        if req.finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        req.finished = True
+        req.error = "aborted"
+        self.stats.aborted += 1
+
+    def record_lateness(self, model_time: float) -> None:
+        """How late (wall ms) a response left compared with the model time it was due."""
+        wall_late = (self.now() - model_time) / self.config.time_scale
+        self.stats.lateness_ms.append(wall_late * 1000.0)
+
+    # ----- scheduler loop --------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        scale = self.config.time_scale
+        while True:
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+            start = max(self.now(), self._last_end)
+            self._iter_start = start
+            duration = self._schedule()
+            if not self.running:  # nothing admissible right now: wait for a change
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            end = start + duration
+            delay = (end - self.now()) / scale - EARLY_WAKE_S
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._complete(start, end)
+            self._last_end = end
+
+    def _schedule(self) -> float:
+        """Plan one iteration: grow decoding sequences (preempting if needed), admit waiting
+        requests, and return the iteration's model duration."""
+        preempted = False
+        i = 0
+        while i < len(self.running):
+            if self._ensure_blocks(self.running[i]):
+                i += 1
+            else:
+                preempted = True
+        prefill_tokens, loads = (0, 0) if preempted else self._admit()
+        profile = self.profile
+        duration = (
+            profile.step_s(len(self.running))
+            + prefill_tokens / profile.prefill_tokens_per_s
+            + loads * profile.lora_load_ms / 1000.0
+        )
+        return duration * self.slowdown
+
+    def _ensure_blocks(self, req: SimRequest) -> bool:
+        """Give req the blocks its next token needs, preempting the newest running requests
+        (recompute) when the cache is full; False when req itself was preempted."""
+        assert req.alloc is not None
+        need = math.ceil(req.context_tokens / self.profile.block_size)
+        while req.alloc.blocks < need:
+            if self.kv.grow(req.alloc):
+                continue
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: SimRequest) -> None:
+        self._release(req)
+        self.waiting.appendleft(req)
+        self.stats.preemptions += 1
+
+    def _admit(self) -> tuple[int, int]:
+        """Move waiting requests into the batch in FCFS order while slots, the token budget
+        and KV blocks allow; a request whose adapter cannot get a slot is skipped, as vLLM
+        does. Returns (uncached prompt tokens to prefill, adapters to load)."""
+        budget = self.config.max_num_batched_tokens
+        block = self.profile.block_size
+        prefill_tokens = loads = 0
+        skipped: list[SimRequest] = []
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            tokens = req.context_tokens
+            hits = self.kv.match(req.hashes, (tokens - 1) // block)
+            uncached = tokens - hits * block
+            if prefill_tokens and prefill_tokens + uncached > budget:
+                break
+            if req.adapter is not None and not self.lora.can_acquire(req.adapter):
+                skipped.append(self.waiting.popleft())
+                continue
+            alloc = self.kv.allocate(req.hashes, hits, math.ceil(tokens / block))
+            if alloc is None:
+                break
+            self.waiting.popleft()
+            if req.adapter is not None and self.lora.acquire(req.adapter):
+                loads += 1
+            req.alloc = alloc
+            self._count_admission(req, tokens, hits * block)
+            self.running.append(req)
+            prefill_tokens += uncached
+        self.waiting.extendleft(reversed(skipped))
+        return prefill_tokens, loads
+
+    def _count_admission(self, req: SimRequest, tokens: int, cached: int) -> None:
+        self.stats.prefix_queries += tokens
+        self.stats.prefix_hits += cached
+        if not req.admitted_once:
+            req.admitted_once = True
+            req.cached_tokens = cached
+            req.scheduled_at = self._iter_start
+
+    def _complete(self, start: float, end: float) -> None:
+        """End of an iteration: every running sequence gets one token."""
+        self.iteration += 1
+        stats = self.stats
+        itl_batch = 0
+        finished: list[SimRequest] = []
+        for req in self.running:
+            if req.generated == 0:
+                self._first_token(req, end)
+            elif req.last_token_at == start:
+                itl_batch += 1
+            else:  # first token after a preemption's recompute
+                stats.itl.observe(end - req.last_token_at)
+            req.generated += 1
+            req.last_token_at = end
+            if req.generated >= req.max_tokens:
+                finished.append(req)
+            elif req.stream:
+                req.wake()
+        if itl_batch:
+            stats.itl.observe(end - start, itl_batch)
+        produced = len(self.running)
+        stats.generation_tokens += produced
+        self._track_throughput(end, produced)
+        for req in finished:
+            self._finish(req, end)
+
+    def _first_token(self, req: SimRequest, end: float) -> None:
+        req.first_token_at = end
+        stats = self.stats
+        stats.prompt_tokens += req.prompt_tokens
+        stats.ttft.observe(end - req.arrival)
+        stats.queue_time.observe(req.scheduled_at - req.arrival)
+        stats.prefill_time.observe(end - req.scheduled_at)
+
+    def _finish(self, req: SimRequest, end: float) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.finished = True
+        req.finished_at = end
+        stats = self.stats
+        stats.success[finish_reason(req)] += 1
+        stats.e2e.observe(end - req.arrival)
+        if req.generated > 1:
+            stats.tpot.observe((end - req.first_token_at) / (req.generated - 1))
+        req.wake()
+
+    def _release(self, req: SimRequest) -> None:
+        """Give back blocks and the adapter pin of a running request (no-op otherwise)."""
+        if req.alloc is None:
+            return
+        self.kv.free(req.alloc)
+        req.alloc = None
+        if req.adapter is not None:
+            self.lora.release(req.adapter)
+
+    def _track_throughput(self, end: float, tokens: int) -> None:
+        self._window_tokens += tokens
+        elapsed = end - self._window_start
+        if elapsed >= THROUGHPUT_WINDOW_S:
+            self.gen_throughput = self._window_tokens / elapsed
+            self._window_start = end
+            self._window_tokens = 0
+
+    # ----- observation -----------------------------------------------------------------------
+
+    def current_gen_throughput(self) -> float:
+        """Tokens/s over the last full window; 0 once the engine has been idle a window."""
+        if self.now() - self._window_start > 2 * THROUGHPUT_WINDOW_S:
+            return 0.0
+        return self.gen_throughput
+
+    def lora_sets(self) -> tuple[list[str], list[str]]:
+        """(adapters of running requests, adapters of waiting requests), sorted."""
+        running = {r.adapter for r in self.running if r.adapter is not None}
+        waiting = {r.adapter for r in self.waiting if r.adapter is not None}
+        return sorted(running), sorted(waiting)
+
+    def state(self) -> dict[str, Any]:
+        """Exact engine figures, for tests and the admin endpoint."""
+        stats = self.stats
+        running_loras, waiting_loras = self.lora_sets()
+        return {
+            "model": self.config.model,
+            "iteration": self.iteration,
+            "now": self.now(),
+            "num_requests_running": len(self.running),
+            "num_requests_waiting": len(self.waiting),
+            "num_gpu_blocks": self.kv.num_blocks,
+            "num_used_blocks": self.kv.used_blocks,
+            "num_cached_blocks": self.kv.cached_blocks,
+            "kv_cache_usage": self.kv.usage,
+            "block_size": self.profile.block_size,
+            "prefix_cache_queries": stats.prefix_queries,
+            "prefix_cache_hits": stats.prefix_hits,
+            "num_preemptions": stats.preemptions,
+            "prompt_tokens": stats.prompt_tokens,
+            "generation_tokens": stats.generation_tokens,
+            "request_success": dict(stats.success),
+            "requests_aborted": stats.aborted,
+            "requests_rejected": stats.rejected,
+            "running_lora_adapters": running_loras,
+            "waiting_lora_adapters": waiting_loras,
+            "resident_lora_adapters": self.lora.resident,
+            "lora_loads": self.lora.loads,
+            "max_loras": self.lora.max_loras,
+            "max_num_seqs": self.config.max_num_seqs,
+            "slowdown": self.slowdown,
+            "time_scale": self.config.time_scale,
+            "gen_throughput": self.current_gen_throughput(),
+            "histograms": {
+                "ttft": stats.ttft.as_dict(),
+                "queue_time": stats.queue_time.as_dict(),
+                "prefill_time": stats.prefill_time.as_dict(),
+                "e2e": stats.e2e.as_dict(),
+                "tpot": stats.tpot.as_dict(),
+                "itl": stats.itl.as_dict(),
+            },
+            "lateness_ms": stats.lateness_summary(),
+            "profile": self.profile.as_dict(),
+        }
+
+
+def finish_reason(req: SimRequest) -> str:
+    """"length" when the client capped the output, "stop" when it ran to the default length
+    (the simulator's stand-in for an end-of-sequence token)."""
+    return "length" if req.explicit_max else "stop"
