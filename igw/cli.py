@@ -93,7 +93,7 @@ def _cmd_drain(args: argparse.Namespace, drain: bool) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from igw.gateway import default_state_dir
+    from igw.paths import default_state_dir
 
     parser = argparse.ArgumentParser(prog="igw", description="GPU-aware LLM inference gateway")
     parser.add_argument("--log-level", default="WARNING")

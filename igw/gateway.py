@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import socket
 import ssl
 import sys
@@ -22,12 +21,6 @@ from igw.supervisor import ChildSpec, Supervisor, run_until_signalled
 from picker.config import GatewayConfig, load_config
 
 READY_TIMEOUT_S = 60.0
-
-
-def default_state_dir() -> Path:
-    env = os.environ.get("IGW_STATE_DIR")
-    base = Path(env) if env else Path.home() / ".local" / "state" / "igw"
-    return base
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -39,6 +39,20 @@ FLOAT_COLUMNS = (
     "outstanding_decode",
     "last_picked_at",
     "picks",
+    # appended by the data layer (picker.datalayer): more scraped and learned signals
+    "queue_s",
+    "kv_block_size",
+    "kv_num_blocks",
+    # raw counter values at the previous scrape, for speed learning (picker.datalayer.speed)
+    "raw_ttft_sum",
+    "raw_ttft_count",
+    "raw_queue_sum",
+    "raw_queue_count",
+    "raw_tpot_sum",
+    "raw_tpot_count",
+    "raw_prefill_sum",
+    "raw_prefill_count",
+    "raw_prefill_tokens",
 )
 BOOL_COLUMNS = ("valid", "ready", "draining", "metrics_ok")
 

@@ -1,0 +1,278 @@
+"""Render engine `/metrics` pages from numbers you control.
+
+Used by the tests, the benchmark and their stand-in pods, so that everything
+that checks the parser and the collectors reads pages shaped like the real
+ones: HELP/TYPE comments, `_created` series, full histogram bucket ladders,
+and the Python runtime and HTTP-server series vLLM's page carries, which the
+gateway must skip. Nothing on the request path imports this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+HTTP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0,
+                3.5, 4.0, 4.5, 5.0, 7.5, 10.0, 30.0, 60.0)
+
+
+@dataclass
+class LoraSeries:
+    """One label combination of `vllm:lora_requests_info`; `stamp` is its value."""
+
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    stamp: float = 1.7e9
+
+
+@dataclass
+class PodState:
+    """The numbers a stand-in pod reports; counters only ever go up (until `restart`)."""
+
+    model_name: str = "meta-llama/Llama-3.1-8B-Instruct"
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    max_lora: int = 4
+    lora: list[LoraSeries] = field(default_factory=list)
+    block_size: int = 16
+    num_gpu_blocks: int = 8192
+    ttft_sum: float = 0.0
+    ttft_count: float = 0.0
+    prefill_sum: float = 0.0
+    prefill_count: float = 0.0
+    queue_sum: float = 0.0
+    queue_count: float = 0.0
+    itl_sum: float = 0.0
+    itl_count: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    finished_prompt_tokens: float = 0.0
+
+    def finish(self, n: int, prompt_tokens: int, prefill_s: float, queue_s: float,
+               itl_s: float, output_tokens: int) -> None:
+        """Account `n` finished requests of identical shape, as vLLM would."""
+        self.prompt_tokens += n * prompt_tokens
+        self.finished_prompt_tokens += n * prompt_tokens
+        self.generation_tokens += n * output_tokens
+        self.prefill_sum += n * prefill_s
+        self.prefill_count += n
+        self.queue_sum += n * queue_s
+        self.queue_count += n
+        self.ttft_sum += n * (queue_s + prefill_s)
+        self.ttft_count += n
+        self.itl_sum += n * (output_tokens - 1) * itl_s
+        self.itl_count += n * (output_tokens - 1)
+
+    def restart(self) -> None:
+        """A pod restart: every counter and histogram starts again from zero."""
+        for name in ("ttft_sum", "ttft_count", "prefill_sum", "prefill_count", "queue_sum",
+                     "queue_count", "itl_sum", "itl_count", "prompt_tokens",
+                     "generation_tokens", "finished_prompt_tokens"):
+            setattr(self, name, 0.0)
+
+
+def fmt(value: float) -> str:
+    """Floats the way prometheus_client writes them."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    body = ",".join(
+        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+        for k, v in labels.items()
+    )
+    return "{" + body + "}"
+
+
+class _Page:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def head(self, name: str, kind: str, doc: str) -> None:
+        self.lines.append(f"# HELP {name} {doc}")
+        self.lines.append(f"# TYPE {name} {kind}")
+
+    def sample(self, name: str, labels: dict[str, str], value: float) -> None:
+        self.lines.append(f"{name}{_labels(labels)} {fmt(value)}")
+
+    def gauge(self, name: str, labels: dict[str, str], value: float, doc: str = "") -> None:
+        self.head(name, "gauge", doc or name)
+        self.sample(name, labels, value)
+
+    def counter(self, name: str, labels: dict[str, str], value: float, doc: str = "") -> None:
+        base = name.removesuffix("_total")
+        self.head(base, "counter", doc or name)
+        self.sample(name, labels, value)
+        self.sample(f"{base}_created", labels, 1.7e9)
+
+    def histogram(self, name: str, labels: dict[str, str], total: float, count: float,
+                  buckets: tuple[float, ...], doc: str = "") -> None:
+        self.head(name, "histogram", doc or name)
+        self.histogram_series(name, labels, total, count, buckets)
+
+    def histogram_series(self, name: str, labels: dict[str, str], total: float, count: float,
+                         buckets: tuple[float, ...]) -> None:
+        mean = total / count if count else 0.0
+        for le in buckets:
+            self.sample(f"{name}_bucket", {**labels, "le": fmt(le)}, count if le >= mean else 0)
+        self.sample(f"{name}_bucket", {**labels, "le": "+Inf"}, count)
+        self.sample(f"{name}_count", labels, count)
+        self.sample(f"{name}_sum", labels, total)
+        self.sample(f"{name}_created", labels, 1.7e9)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _python_runtime(page: _Page) -> None:
+    """The default prometheus_client collectors every Python server exports."""
+    page.head("python_gc_objects_collected_total", "counter", "Objects collected during gc")
+    for gen in ("0", "1", "2"):
+        page.sample("python_gc_objects_collected_total", {"generation": gen}, 12345.0)
+    page.head("python_gc_collections_total", "counter", "Number of times this generation was collected")
+    for gen in ("0", "1", "2"):
+        page.sample("python_gc_collections_total", {"generation": gen}, 321.0)
+    page.gauge("python_info", {"implementation": "CPython", "major": "3", "minor": "12",
+                               "patchlevel": "3", "version": "3.12.3"}, 1.0)
+    for name, value in (("process_virtual_memory_bytes", 4.2e10),
+                        ("process_resident_memory_bytes", 3.1e9),
+                        ("process_start_time_seconds", 1.7e9),
+                        ("process_open_fds", 120.0), ("process_max_fds", 1048576.0)):
+        page.gauge(name, {}, value)
+    page.counter("process_cpu_seconds_total", {}, 1234.5)
+
+
+def _http_server(page: _Page) -> None:
+    """What prometheus-fastapi-instrumentator adds to vLLM's page: per-handler series."""
+    handlers = ("/v1/completions", "/v1/chat/completions", "/metrics", "/health", "/v1/models")
+    page.head("http_requests_total", "counter", "Total number of requests by method, status and handler.")
+    for h in handlers:
+        for status in ("2xx", "4xx"):
+            page.sample("http_requests_total", {"handler": h, "method": "POST", "status": status}, 99.0)
+    for metric in ("http_request_size_bytes", "http_response_size_bytes"):
+        page.head(metric, "summary", "Content length of requests/responses.")
+        for h in handlers:
+            page.sample(f"{metric}_count", {"handler": h}, 99.0)
+            page.sample(f"{metric}_sum", {"handler": h}, 123456.0)
+            page.sample(f"{metric}_created", {"handler": h}, 1.7e9)
+    page.head("http_request_duration_highr_seconds", "histogram", "Latency with many buckets.")
+    page.histogram_series("http_request_duration_highr_seconds", {}, 50.0, 99.0, HTTP_BUCKETS)
+    page.head("http_request_duration_seconds", "histogram", "Latency with only few buckets.")
+    for h in handlers:
+        page.histogram_series("http_request_duration_seconds", {"handler": h, "method": "POST"},
+                              50.0, 99.0, (0.1, 0.5, 1.0))
+
+
+def render_vllm(state: PodState, *, old_names: bool = False, extras: bool = True) -> str:
+    """A vLLM V1 page; `old_names` uses the pre-0.10 KV name and the old TPOT histogram."""
+    page = _Page()
+    model = {"model_name": state.model_name, "engine": "0"}
+    if extras:
+        _python_runtime(page)
+    page.gauge("vllm:num_requests_running", model, state.running, "Number of requests in model execution batches.")
+    page.gauge("vllm:num_requests_waiting", model, state.waiting, "Number of requests waiting to be processed.")
+    kv_name = "vllm:gpu_cache_usage_perc" if old_names else "vllm:kv_cache_usage_perc"
+    page.gauge(kv_name, model, state.kv_usage, "KV-cache usage. 1 means 100 percent usage.")
+    page.counter("vllm:prefix_cache_queries_total", model, 1000.0)
+    page.counter("vllm:prefix_cache_hits_total", model, 400.0)
+    page.counter("vllm:num_preemptions_total", model, 0.0)
+    page.counter("vllm:prompt_tokens_total", model, state.prompt_tokens, "Number of prefill tokens processed.")
+    page.counter("vllm:generation_tokens_total", model, state.generation_tokens, "Number of generation tokens processed.")
+    page.head("vllm:request_success", "counter", "Count of successfully processed requests.")
+    for reason in ("stop", "length", "abort"):
+        page.sample("vllm:request_success_total", {**model, "finished_reason": reason}, 10.0)
+    if state.lora or state.max_lora:
+        page.head("vllm:lora_requests_info", "gauge", "Running stats on lora requests.")
+        for series in state.lora:
+            page.sample("vllm:lora_requests_info", {
+                "max_lora": str(state.max_lora),
+                "running_lora_adapters": ",".join(series.running),
+                "waiting_lora_adapters": ",".join(series.waiting)}, series.stamp)
+    page.gauge("vllm:cache_config_info", {
+        "block_size": str(state.block_size), "cache_dtype": "auto", "calculate_kv_scales": "False",
+        "cpu_offload_gb": "0", "enable_prefix_caching": "True", "gpu_memory_utilization": "0.9",
+        "num_cpu_blocks": "None", "num_gpu_blocks": str(state.num_gpu_blocks),
+        "num_gpu_blocks_override": "None", "prefix_caching_hash_algo": "builtin",
+        "sliding_window": "None", "swap_space": "4", "swap_space_bytes": "4294967296"}, 1.0,
+        "Information of the LLMEngine CacheConfig")
+    n_done = state.prefill_count
+    page.histogram("vllm:iteration_tokens_total", model, state.prompt_tokens + state.generation_tokens,
+                   max(n_done, 1.0) * 10, ITERATION_BUCKETS)
+    page.histogram("vllm:request_prompt_tokens", model, state.finished_prompt_tokens, n_done, TOKEN_BUCKETS)
+    page.histogram("vllm:request_generation_tokens", model, state.generation_tokens, n_done, TOKEN_BUCKETS)
+    page.histogram("vllm:request_max_num_generation_tokens", model, state.generation_tokens, n_done, TOKEN_BUCKETS)
+    page.histogram("vllm:request_params_n", model, n_done, n_done, (1, 2, 5, 10, 20))
+    page.histogram("vllm:request_params_max_tokens", model, n_done * 256, n_done, TOKEN_BUCKETS)
+    page.histogram("vllm:time_to_first_token_seconds", model, state.ttft_sum, state.ttft_count, TTFT_BUCKETS)
+    tpot_names = ("vllm:time_per_output_token_seconds",) if old_names else (
+        "vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds")
+    for name in tpot_names:
+        page.histogram(name, model, state.itl_sum, state.itl_count, TPOT_BUCKETS)
+    page.histogram("vllm:request_time_per_output_token_seconds", model, state.itl_sum, state.itl_count, TPOT_BUCKETS)
+    page.histogram("vllm:e2e_request_latency_seconds", model, state.ttft_sum + state.itl_sum, n_done, LATENCY_BUCKETS)
+    page.histogram("vllm:request_queue_time_seconds", model, state.queue_sum, state.queue_count, LATENCY_BUCKETS)
+    page.histogram("vllm:request_inference_time_seconds", model, state.prefill_sum + state.itl_sum, n_done, LATENCY_BUCKETS)
+    page.histogram("vllm:request_prefill_time_seconds", model, state.prefill_sum, state.prefill_count, LATENCY_BUCKETS)
+    page.histogram("vllm:request_decode_time_seconds", model, state.itl_sum, n_done, LATENCY_BUCKETS)
+    if extras:
+        _http_server(page)
+    return page.text()
+
+
+def render_sglang(state: PodState) -> str:
+    page = _Page()
+    model = {"model_name": state.model_name}
+    page.counter("sglang:prompt_tokens_total", model, state.prompt_tokens, "Number of prefill tokens processed.")
+    page.counter("sglang:generation_tokens_total", model, state.generation_tokens, "Number of generation tokens processed.")
+    page.gauge("sglang:num_running_reqs", model, state.running, "The number of running requests.")
+    page.gauge("sglang:num_queue_reqs", model, state.waiting, "The number of requests in the waiting queue.")
+    page.gauge("sglang:token_usage", model, state.kv_usage, "The token usage.")
+    page.gauge("sglang:cache_hit_rate", model, 0.2, "The prefix cache hit rate.")
+    page.gauge("sglang:cache_config_info", {**model, "page_size": str(state.block_size),
+                                            "num_pages": str(state.num_gpu_blocks)}, 1.0)
+    page.histogram("sglang:time_to_first_token_seconds", model, state.ttft_sum, state.ttft_count, TTFT_BUCKETS)
+    page.histogram("sglang:inter_token_latency_seconds", model, state.itl_sum, state.itl_count, TPOT_BUCKETS)
+    page.histogram("sglang:e2e_request_latency_seconds", model, state.ttft_sum + state.itl_sum,
+                   state.prefill_count, LATENCY_BUCKETS)
+    page.histogram("sglang:queue_time_seconds", model, state.queue_sum, state.queue_count, LATENCY_BUCKETS)
+    return page.text()
+
+
+def render_trtllm(state: PodState) -> str:
+    page = _Page()
+    model = {"model_name": state.model_name, "engine_type": "trtllm"}
+    page.gauge("trtllm_num_requests_running", model, state.running)
+    page.gauge("trtllm_num_requests_waiting", model, state.waiting)
+    page.gauge("trtllm_kv_cache_utilization", model, state.kv_usage)
+    page.gauge("trtllm_kv_cache_hit_rate", model, 0.3)
+    page.gauge("trtllm_kv_cache_tokens_per_block", model, state.block_size)
+    page.gauge("trtllm_kv_cache_max_blocks", model, state.num_gpu_blocks)
+    page.counter("trtllm_prompt_tokens_total", model, state.prompt_tokens)
+    page.counter("trtllm_generation_tokens_total", model, state.generation_tokens)
+    page.histogram("trtllm_time_to_first_token_seconds", model, state.ttft_sum, state.ttft_count, TTFT_BUCKETS)
+    page.histogram("trtllm_time_per_output_token_seconds", model, state.itl_sum, state.itl_count, TPOT_BUCKETS)
+    page.histogram("trtllm_request_queue_time_seconds", model, state.queue_sum, state.queue_count, LATENCY_BUCKETS)
+    page.histogram("trtllm_request_prefill_time_seconds", model, state.prefill_sum, state.prefill_count, LATENCY_BUCKETS)
+    return page.text()
+
+
+RENDERERS = {"vllm": render_vllm, "sglang": render_sglang, "trtllm": render_trtllm}
+
+
+def render(engine: str, state: PodState) -> str:
+    return RENDERERS[engine](state)

@@ -1,0 +1,136 @@
+"""Per-pod speed, learned from the engine's own counters between two scrapes.
+
+Histogram `_sum`/`_count` pairs and token counters only ever grow, so the
+difference between two scrapes describes exactly the requests that finished
+in between: their mean TTFT, their prefill speed, their time per output
+token. Each window's figure is folded into an EWMA whose weight grows with the
+number of observations in the window, so a window with one request nudges
+the estimate and a window with fifty moves it most of the way.
+
+Counters restart from zero when a pod restarts; like Prometheus' `rate()`, a
+decrease is read as a reset and the new value is the whole delta since then,
+so a restart never yields a negative or huge rate. Everything here is a small
+pure function over floats; `SpeedLearner` applies them to one pool row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from picker.datalayer.engines import Signal
+from picker.datalayer.parser import MetricsSnapshot
+
+DEFAULT_ALPHA = 0.1  # weight of one observation
+
+
+def counter_deltas(current: tuple[float, ...], previous: tuple[float, ...]) -> tuple[float, ...]:
+    """Growth of related counters since the last scrape, reset-aware as a group.
+
+    If any of them went down the pod restarted, and every counter of the group
+    restarted with it: the current values are then the whole growth.
+    """
+    if any(c < p for c, p in zip(current, previous, strict=True)):
+        return current
+    return tuple(c - p for c, p in zip(current, previous, strict=True))
+
+
+def window_mean(delta_sum: float, delta_count: float) -> float | None:
+    """Mean of the observations made in the window, or None if there were none."""
+    if delta_count <= 0 or delta_sum < 0 or not math.isfinite(delta_sum):
+        return None
+    return delta_sum / delta_count
+
+
+def prefill_rate(delta_tokens: float, delta_seconds: float) -> float | None:
+    """Prompt tokens per second of prefill, or None if the window holds no prefill."""
+    if delta_tokens <= 0 or delta_seconds <= 0:
+        return None
+    rate = delta_tokens / delta_seconds
+    return rate if math.isfinite(rate) else None
+
+
+def observation_weight(n: float, alpha: float = DEFAULT_ALPHA) -> float:
+    """EWMA weight of a window holding `n` observations: 1 - (1 - alpha)^n."""
+    if n <= 0:
+        return 0.0
+    return 1.0 - (1.0 - alpha) ** n
+
+
+def ewma(previous: float, sample: float, weight: float) -> float:
+    """Move `previous` towards `sample`; a pod without an estimate yet takes the sample."""
+    if not previous > 0 or not math.isfinite(previous):
+        return sample
+    return previous + weight * (sample - previous)
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    """One learned column: which counters feed it and which raw columns keep them."""
+
+    column: str
+    raw_columns: tuple[str, ...]
+
+
+TTFT = _Estimate("ttft_s", ("raw_ttft_sum", "raw_ttft_count"))
+QUEUE = _Estimate("queue_s", ("raw_queue_sum", "raw_queue_count"))
+DECODE = _Estimate("decode_step_s", ("raw_tpot_sum", "raw_tpot_count"))
+PREFILL = _Estimate("prefill_tps", ("raw_prefill_sum", "raw_prefill_count", "raw_prefill_tokens"))
+RAW_COLUMNS = tuple(c for e in (TTFT, QUEUE, DECODE, PREFILL) for c in e.raw_columns)
+
+
+def _present(snapshot: MetricsSnapshot, *signals: Signal) -> tuple[float, ...] | None:
+    values = snapshot.values
+    out = tuple(values.get(s, math.nan) for s in signals)
+    return None if any(math.isnan(v) for v in out) else out
+
+
+class SpeedLearner:
+    """Updates a row's speed columns from a fresh snapshot; one per pool, stateless itself."""
+
+    def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
+        self.alpha = alpha
+
+    def update(self, table: object, row: int, snapshot: MetricsSnapshot) -> None:
+        self._mean(table, row, TTFT, _present(snapshot, Signal.TTFT_SUM, Signal.TTFT_COUNT))
+        self._mean(table, row, QUEUE,
+                   _present(snapshot, Signal.QUEUE_TIME_SUM, Signal.QUEUE_TIME_COUNT))
+        self._mean(table, row, DECODE, _present(snapshot, Signal.TPOT_SUM, Signal.TPOT_COUNT))
+        self._prefill(table, row, snapshot)
+
+    def _remember(self, table: object, row: int, est: _Estimate,
+                  current: tuple[float, ...]) -> tuple[float, ...]:
+        """Swap the stored raw counters for `current`; returns the reset-aware deltas."""
+        previous = tuple(float(getattr(table, c)[row]) for c in est.raw_columns)
+        for column, value in zip(est.raw_columns, current, strict=True):
+            getattr(table, column)[row] = value
+        return counter_deltas(current, previous)
+
+    def _mean(self, table: object, row: int, est: _Estimate,
+              current: tuple[float, ...] | None) -> None:
+        if current is None:
+            return
+        d_sum, d_count = self._remember(table, row, est, current)
+        sample = window_mean(d_sum, d_count)
+        if sample is not None:
+            column: np.ndarray = getattr(table, est.column)
+            weight = observation_weight(d_count, self.alpha)
+            column[row] = ewma(float(column[row]), sample, weight)
+
+    def _prefill(self, table: object, row: int, snapshot: MetricsSnapshot) -> None:
+        # prompt tokens of finished requests pair exactly with the prefill-time
+        # histogram (both observed when a request finishes); the running token
+        # counter is the fallback for engines without that histogram
+        tokens = Signal.FINISHED_PROMPT_TOKENS
+        if tokens not in snapshot.values:
+            tokens = Signal.PROMPT_TOKENS
+        current = _present(snapshot, Signal.PREFILL_TIME_SUM, Signal.PREFILL_TIME_COUNT, tokens)
+        if current is None:
+            return
+        d_seconds, d_count, d_tokens = self._remember(table, row, PREFILL, current)
+        sample = prefill_rate(d_tokens, d_seconds)
+        if sample is not None:
+            column: np.ndarray = table.prefill_tps  # type: ignore[attr-defined]
+            column[row] = ewma(float(column[row]), sample, observation_weight(d_count, self.alpha))

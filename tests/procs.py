@@ -1,0 +1,195 @@
+"""Real processes for integration tests: a simulated fleet and the gateway.
+
+Each is started on free loopback ports, waited for by its own ready line, and
+always stopped by PID (SIGTERM, then SIGKILL) when the test ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_ports(n: int) -> list[int]:
+    """Distinct free ports (kept bound until all are chosen, so none repeats)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _wait_line(proc: subprocess.Popen[str], predicate, timeout: float) -> str:
+    """Read stdout lines until one matches; fail with the process's output if it dies."""
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        if not sel.select(timeout=0.2):
+            if proc.poll() is not None:
+                break
+            continue
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        if predicate(line):
+            return line.strip()
+    stop(proc)
+    raise RuntimeError(f"process not ready (exit {proc.returncode}); output:\n{''.join(seen)}")
+
+
+def stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> int | None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+@dataclass
+class SimFleet:
+    proc: subprocess.Popen[str]
+    pods: list[dict[str, Any]]
+    control_port: int
+
+    def address(self, name: str) -> str:
+        pod = next(p for p in self.pods if p["name"] == name)
+        return f"127.0.0.1:{pod['port']}"
+
+    def addresses(self, model: str | None = None) -> list[str]:
+        return [f"127.0.0.1:{p['port']}" for p in self.pods if model in (None, p["model"])]
+
+    def name_of(self, address: str) -> str:
+        port = int(address.rsplit(":", 1)[1])
+        return next(p["name"] for p in self.pods if p["port"] == port)
+
+
+@contextlib.contextmanager
+def sim_fleet(tmp: Path, pods: list[dict[str, Any]], **top: Any) -> Iterator[SimFleet]:
+    """Run `python -m simulator --fleet FILE` with the given pods on free ports."""
+    ports = free_ports(len(pods) + 1)
+    pods = [{**p, "port": port} for p, port in zip(pods, ports, strict=False)]
+    spec = {"seed": 1, **top, "pods": pods}
+    path = tmp / f"fleet-{ports[0]}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simulator", "--fleet", str(path), "--control-port", str(ports[-1])],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp,
+        start_new_session=True,
+    )
+    try:
+        _wait_line(proc, lambda line: "simulator ready" in line, 30)
+        yield SimFleet(proc, pods, ports[-1])
+    finally:
+        stop(proc)
+
+
+@dataclass
+class Gateway:
+    proc: subprocess.Popen[str]
+    url: str
+    state_dir: Path
+    config_path: Path
+    config: dict[str, Any]
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ca(self) -> Path:
+        return self.state_dir / "tls" / "ca.pem"
+
+    @property
+    def admin(self) -> str:
+        return f"127.0.0.1:{self.ports['admin']}"
+
+
+def gateway_config(schedulers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """A config document with free ports for every listener."""
+    listen, picker, admin, metrics, envoy_admin = free_ports(5)
+    return {
+        "apiVersion": "inference-gateway.io/v1alpha1",
+        "kind": "InferenceGatewayConfig",
+        "metadata": {"name": "test"},
+        "spec": {
+            "tls": {},
+            "bbr": {"enabled": True},
+            "schedulers": schedulers,
+            "listener": {"address": "127.0.0.1", "port": listen},
+            "ports": {
+                "picker": picker,
+                "admin": admin,
+                "metrics": metrics,
+                "envoyAdmin": envoy_admin,
+            },
+            **spec,
+        },
+    }
+
+
+@contextlib.contextmanager
+def gateway(tmp: Path, config: dict[str, Any], timeout: float = 60) -> Iterator[Gateway]:
+    """Run `igw serve` on a config document; yields once its URL line is printed."""
+    state = tmp / f"gw-{config['spec']['listener']['port']}"
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "igw.cli",
+            "serve",
+            "--config",
+            str(path),
+            "--state-dir",
+            str(state),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url = _wait_line(proc, lambda line: line.startswith("https://"), timeout)
+        ports = dict(config["spec"]["ports"])
+        ports["listen"] = config["spec"]["listener"]["port"]
+        yield Gateway(proc, url, state, path, config, ports)
+    finally:
+        stop(proc, timeout=40)

@@ -1,0 +1,160 @@
+"""Config loading: the HyperPod example verbatim, our additions, one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from picker.config import ConfigError, load_config, load_config_text, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "hyperpod-example.yaml"
+
+
+def doc(**spec_overrides):
+    base = yaml.safe_load(EXAMPLE.read_text())
+    base["spec"].update(spec_overrides)
+    return base
+
+
+def error_of(document) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(document)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_hyperpod_example_loads_unchanged():
+    config = load_config(EXAMPLE)
+    (sched,) = config.schedulers
+    assert config.name == "my-gateway"
+    assert config.bbr.enabled
+    assert sched.model_name == "llama-3.1-70b"
+    assert sched.match_labels == {"app": "vllm-llama"}
+    assert sched.target_port == 8000
+    assert sched.scheduler == "llm-d"
+    assert sched.engine_type == "vllm"
+    assert config.tls.certificate_file is None
+
+
+def test_our_additions_and_durations():
+    d = doc()
+    d["spec"]["schedulers"][0].update(
+        endpoints=["127.0.0.1:8001", "[::1]:8002", "pod-a.local:8000"],
+        routeTimeout="90s",
+        weights={"queue": 1, "prefix": 5},
+        metrics={"interval": "100ms", "staleAfter": "3s"},
+        loraAdapters=["sql-lora"],
+    )
+    d["spec"].update(listener={"port": 9443}, failureMode="open", maxFallbacks=3)
+    config = parse_config(d)
+    sched = config.schedulers[0]
+    assert sched.endpoints[1] == "[::1]:8002"
+    assert sched.route_timeout_s == 90
+    assert sched.weights == {"queue": 1.0, "prefix": 5.0}
+    assert sched.metrics.interval_s == pytest.approx(0.1)
+    assert config.listen_port == 9443 and config.failure_mode == "open"
+    assert config.scheduler_for_model("llama-3.1-70b") is sched
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d["spec"].update(colour="blue"), "spec.colour: unknown field"),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(modelname="x"),
+            "spec.schedulers[0].modelname: unknown field",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(weights={"kvcache": 1}),
+            "spec.schedulers[0].weights.kvcache: unknown field",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(targetPort=70000),
+            "spec.schedulers[0].targetPort",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(targetPort="8000"),
+            "spec.schedulers[0].targetPort",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(scheduler="fastest"),
+            "spec.schedulers[0].scheduler",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(endpoints=["nohost"]),
+            "spec.schedulers[0].endpoints[0]",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(routeTimeout="soon"),
+            "spec.schedulers[0].routeTimeout",
+        ),
+        (
+            lambda d: d["spec"]["bbr"].update(maxRequestBodyBytes=2**30),
+            "spec.bbr.maxRequestBodyBytes",
+        ),
+        (lambda d: d["spec"].update(listener={"port": 0}), "spec.listener.port"),
+        (lambda d: d["spec"].update(failureMode="maybe"), "spec.failureMode"),
+        (lambda d: d.update(kind="Gateway"), "kind"),
+        (lambda d: d["spec"]["schedulers"][0].pop("modelName"), "spec.schedulers[0].modelName"),
+    ],
+)
+def test_one_line_error_names_the_field(mutate, field):
+    d = doc()
+    mutate(d)
+    assert field in error_of(d)
+
+
+def test_duplicate_model_name():
+    d = doc()
+    second = dict(d["spec"]["schedulers"][0], name="llama-70b-b")
+    d["spec"]["schedulers"].append(second)
+    assert "spec.schedulers[1].modelName: duplicate model 'llama-3.1-70b'" in error_of(d)
+
+
+def test_adapter_clashing_with_a_model_is_a_duplicate():
+    d = doc()
+    d["spec"]["schedulers"].append(
+        {
+            "name": "b",
+            "modelName": "other",
+            "endpoints": ["127.0.0.1:1"],
+            "loraAdapters": ["llama-3.1-70b"],
+        }
+    )
+    assert "spec.schedulers[1].loraAdapters[0]: duplicate model" in error_of(d)
+
+
+def test_two_schedulers_need_bbr():
+    d = doc(bbr={"enabled": False})
+    d["spec"]["schedulers"].append({"name": "b", "modelName": "m2", "endpoints": ["127.0.0.1:1"]})
+    assert error_of(d).startswith("spec.bbr.enabled")
+
+
+def test_bad_yaml_is_one_line():
+    with pytest.raises(ConfigError) as info:
+        load_config_text("spec: [unclosed")
+    assert "not valid YAML" in str(info.value)
+
+
+def test_igw_validate_cli(tmp_path):
+    ok = subprocess.run(
+        [sys.executable, "-m", "igw.cli", "validate", str(EXAMPLE)], capture_output=True, text=True
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "valid" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    d = doc()
+    d["spec"]["schedulers"][0]["targetPort"] = 0
+    bad.write_text(yaml.safe_dump(d))
+    res = subprocess.run(
+        [sys.executable, "-m", "igw.cli", "validate", str(bad)], capture_output=True, text=True
+    )
+    assert res.returncode == 1
+    assert "spec.schedulers[0].targetPort" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
