@@ -17,16 +17,14 @@ BLOCK_CHARS = CHARS_PER_TOKEN * BLOCK_TOKENS
 
 # Generated text is drawn from this fixed vocabulary: ASCII words that need no JSON escaping,
 # each one simulated token.
-VOCAB: tuple[str, ...] = tuple(
-    " " + w
-    for w in (
-        "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
-        "incididunt ut labore et dolore magna aliqua enim ad minim veniam quis nostrud "
-        "exercitation ullamco laboris nisi aliquip ex ea commodo consequat duis aute irure "
-        "in reprehenderit voluptate velit esse cillum fugiat nulla pariatur excepteur sint "
-        "occaecat cupidatat non proident sunt culpa qui officia deserunt mollit anim id est"
-    ).split()
+_LOREM = (
+    "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
+    "incididunt ut labore et dolore magna aliqua enim ad minim veniam quis nostrud "
+    "exercitation ullamco laboris nisi aliquip ex ea commodo consequat duis aute irure "
+    "in reprehenderit voluptate velit esse cillum fugiat nulla pariatur excepteur sint "
+    "occaecat cupidatat non proident sunt culpa qui officia deserunt mollit anim id est"
 )
+VOCAB: tuple[str, ...] = tuple(" " + w for w in _LOREM.split())
 
 
 class PromptError(ValueError):

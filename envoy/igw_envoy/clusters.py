@@ -1,0 +1,168 @@
+"""Upstream clusters: one per pool (members from a watched EDS file) and the picker.
+
+A pool cluster can only ever reach its own members: the picker's
+`x-gateway-destination-endpoint` (`ip:port[,ip:port...]`) is honoured by the
+`override_host` load-balancing policy only for hosts in the cluster, and
+anything else falls back to least-request over the same members (DESIGN §8).
+That is why a client who smuggled the header past the strip filters still
+could not make Envoy connect to an arbitrary address.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bbr import headers
+from igw_envoy.eds import eds_path
+
+UPSTREAM_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+OVERRIDE_HOST_TYPE = (
+    "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost"
+)
+LEAST_REQUEST_TYPE = (
+    "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"
+)
+PICKER_CLUSTER = "picker"
+# Many concurrent LLM requests are normal (long streams); Envoy's default of
+# 1024 per cluster would turn a busy pool into 503s (overflow).
+CIRCUIT_LIMIT = 100_000
+POOL_CONNECT_TIMEOUT = "1s"
+PICKER_CONNECT_TIMEOUT = "0.25s"
+UPSTREAM_IDLE_TIMEOUT = "300s"
+
+
+def _thresholds(max_retries: int) -> dict:
+    return {
+        "thresholds": [
+            {
+                "priority": "DEFAULT",
+                "max_connections": CIRCUIT_LIMIT,
+                "max_pending_requests": CIRCUIT_LIMIT,
+                "max_requests": CIRCUIT_LIMIT,
+                "max_retries": max_retries,
+            }
+        ]
+    }
+
+
+def _lb_policy() -> dict:
+    """override_host from the picker's header (or `envoy.lb` metadata), else least-request."""
+    sources = [
+        {"header": headers.DESTINATION_ENDPOINT},
+        {
+            "metadata": {
+                "key": headers.LB_METADATA_NAMESPACE,
+                "path": [{"key": headers.DESTINATION_ENDPOINT}],
+            }
+        },
+    ]
+    fallback = {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.least_request",
+                    "typed_config": {"@type": LEAST_REQUEST_TYPE},
+                }
+            }
+        ]
+    }
+    return {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.override_host",
+                    "typed_config": {
+                        "@type": OVERRIDE_HOST_TYPE,
+                        "override_host_sources": sources,
+                        "fallback_policy": fallback,
+                    },
+                }
+            }
+        ]
+    }
+
+
+def _http1_options() -> dict:
+    """Model servers (vLLM, SGLang) speak HTTP/1.1; keep connections alive between requests."""
+    return {
+        UPSTREAM_HTTP_OPTIONS: {
+            "@type": f"type.googleapis.com/{UPSTREAM_HTTP_OPTIONS}",
+            "common_http_protocol_options": {"idle_timeout": UPSTREAM_IDLE_TIMEOUT},
+            "explicit_http_config": {"http_protocol_options": {}},
+        }
+    }
+
+
+def _outlier_detection() -> dict:
+    """Passive ejection of a pod that keeps failing; never more than half a pool."""
+    return {
+        "consecutive_5xx": 5,
+        "consecutive_gateway_failure": 3,
+        "interval": "5s",
+        "base_ejection_time": "15s",
+        "max_ejection_time": "120s",
+        "max_ejection_percent": 50,
+    }
+
+
+def pool_cluster(name: str, eds_dir: Path, buffer_limit: int, max_fallbacks: int) -> dict:
+    """EDS cluster `name` whose members come from `eds_dir/<name>.json`."""
+    eds_dir = Path(eds_dir).resolve()
+    return {
+        "name": name,
+        "type": "EDS",
+        "eds_cluster_config": {
+            "service_name": name,
+            "eds_config": {
+                "path_config_source": {
+                    "path": str(eds_path(eds_dir, name)),
+                    "watched_directory": {"path": str(eds_dir)},
+                },
+                "resource_api_version": "V3",
+            },
+        },
+        "connect_timeout": POOL_CONNECT_TIMEOUT,
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "load_balancing_policy": _lb_policy(),
+        "circuit_breakers": _thresholds(max_retries=max(1000, max_fallbacks * 1000)),
+        "typed_extension_protocol_options": _http1_options(),
+        "outlier_detection": _outlier_detection(),
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+    }
+
+
+def picker_cluster(host: str, port: int) -> dict:
+    """The ext_proc gRPC service: static, HTTP/2, a short connect timeout so a dead
+    picker fails a request in milliseconds instead of hanging it."""
+    return {
+        "name": PICKER_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": PICKER_CONNECT_TIMEOUT,
+        "circuit_breakers": _thresholds(max_retries=3),
+        "typed_extension_protocol_options": {
+            UPSTREAM_HTTP_OPTIONS: {
+                "@type": f"type.googleapis.com/{UPSTREAM_HTTP_OPTIONS}",
+                "explicit_http_config": {
+                    "http2_protocol_options": {
+                        "connection_keepalive": {"interval": "30s", "timeout": "5s"}
+                    }
+                },
+            }
+        },
+        "load_assignment": {
+            "cluster_name": PICKER_CLUSTER,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {
+                                    "socket_address": {"address": host, "port_value": port}
+                                }
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+    }

@@ -1,0 +1,7 @@
+"""``python -m simulator``: see simulator.cli."""
+
+import sys
+
+from simulator.cli import main
+
+sys.exit(main())
