@@ -130,8 +130,8 @@ class BodyTooLarge(ApiError):
 class UnsupportedMediaType(ApiError):
     """415: the body is declared as something other than JSON.
 
-    vLLM answers a non-JSON content type with 415 too, so the gateway refuses
-    early with the status the backend would have given.
+    vLLM refuses a non-JSON media type too (415 in older versions, 400 in newer
+    ones); the gateway refuses it before spending a pick on it.
     """
 
     status = 415

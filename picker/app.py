@@ -81,6 +81,17 @@ class PickerApp:
             self.config.metrics_port,
             ",".join(self.datastore.pools),
         )
+        await self.start_discovery()
+
+    async def start_discovery(self) -> None:
+        """Kubernetes pod and config-resource watches when in a cluster (see picker.discovery).
+
+        Imported here so lightkube is only needed where discovery runs; off
+        outside a pod unless IGW_DISCOVERY=kubernetes.
+        """
+        from picker.discovery import start_discovery
+
+        self._discovery = await start_discovery(self)
 
     async def _start_ext_proc(self) -> grpc.aio.Server:
         handler = ExtProcHandler(self.director)
@@ -132,22 +143,32 @@ class PickerApp:
             write_endpoints(self.eds_dir, pool.cluster_name, pool.members())
 
     def reload(self) -> bool:
-        """Apply the config file if it changed and is valid; keep the old one otherwise."""
+        """Apply the config file if it is valid; keep the running config otherwise."""
         try:
             config = load_config(self.config_path)
         except ConfigError as exc:
             log.error("config reload refused, keeping the running config: %s", exc)
             return False
+        return self.apply_config(config)
+
+    def apply_config(self, config: GatewayConfig) -> bool:
+        """Adopt a validated config (from the file or a watched resource) without a restart."""
         if _listener_shape(config) != _listener_shape(self.config):
-            log.error("config reload refused: listener/ports changes need a restart")
+            log.error("config change refused: listener/ports changes need a restart")
             return False
         self.config = config
         self.datastore.apply_config(config)
         self.director.apply_config(config)
         self.collector.refresh()
         self.write_eds()
-        log.info("config reloaded: pools=%s", ",".join(self.datastore.pools))
+        log.info("config applied: pools=%s", ",".join(self.datastore.pools))
         return True
+
+    def membership_changed(self, pool_name: str) -> None:
+        """Discovery changed a pool's pods: tell Envoy (the collector follows by itself)."""
+        pool = self.datastore.pools.get(pool_name)
+        if pool is not None:
+            write_endpoints(self.eds_dir, pool.cluster_name, pool.members())
 
     async def _watch_config(self) -> None:
         while not self._stopping.is_set():
@@ -163,6 +184,8 @@ class PickerApp:
         await self.health.enter_graceful_shutdown()
         for task in self._tasks:
             task.cancel()
+        if (discovery := getattr(self, "_discovery", None)) is not None:
+            await discovery.stop()
         if self._grpc is not None:
             await self._grpc.stop(grace=drain_timeout)
         if self._admin is not None:

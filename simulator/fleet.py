@@ -82,7 +82,6 @@ class Fleet:
                                shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         self._control = runner
-        site = web.TCPSite(runner, self.control_host, self.control_port,
-                           shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        site = web.TCPSite(runner, self.control_host, self.control_port)
         await site.start()
         self.control_port = runner.addresses[0][1]

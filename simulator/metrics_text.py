@@ -16,7 +16,7 @@ from simulator.stats import Histogram
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GARBLED = (
     b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="\n'
-    b"\x00\xff}}} not a sample 1.0.0\nvllm:kv_cache_usage_perc{ NaNNaN\n"
+    b"}}} not a sample 1.0.0\nvllm:kv_cache_usage_perc{ NaNNaN\n"
 )
 
 

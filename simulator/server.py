@@ -8,6 +8,7 @@ edge, because that is where a client sees them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import time
@@ -155,7 +156,7 @@ class PodServer:
         runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None,
                                shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        site = web.TCPSite(runner, self.host, self.port)
         try:
             await site.start()
         except OSError:
@@ -201,6 +202,7 @@ class PodServer:
         app.router.add_post("/admin/faults", self._post_faults)
         app.router.add_delete("/admin/faults", self._delete_faults)
         app.router.add_get("/admin/state", self._get_state)
+        app.router.add_get("/admin/lateness", self._get_lateness)
         return app
 
     async def _tag_response(self, _request: web.Request, response: web.StreamResponse) -> None:
@@ -253,6 +255,10 @@ class PodServer:
 
     async def _get_state(self, _request: web.Request) -> web.Response:
         return _json(orjson.dumps(self.state()))
+
+    async def _get_lateness(self, _request: web.Request) -> web.Response:
+        """Every recent lateness sample (ms), for benchmarks that pool them across pods."""
+        return _json(orjson.dumps(list(self.engine.stats.lateness_ms)))
 
     # ----- inference -------------------------------------------------------------------------
 
@@ -319,6 +325,12 @@ class PodServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        with contextlib.suppress(ConnectionResetError):  # client gone or pod crashed
+            await self._write_tokens(resp, req, fmt, offset)
+        return resp
+
+    async def _write_tokens(self, resp: web.StreamResponse, req: SimRequest,
+                            fmt: openai_format.StreamFormat, offset: int) -> None:
         sent = 0
         while True:
             produced = req.generated
@@ -336,7 +348,6 @@ class PodServer:
             usage = openai_format.usage(req.prompt_tokens, req.generated, req.cached_tokens)
             await resp.write(fmt.finish(finish_reason(req), usage))
             await resp.write_eof()
-        return resp
 
     async def _respond(self, req: SimRequest, chat: bool, model: str,
                        offset: int) -> web.Response:

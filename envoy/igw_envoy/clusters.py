@@ -28,7 +28,10 @@ PICKER_CLUSTER = "picker"
 CIRCUIT_LIMIT = 100_000
 POOL_CONNECT_TIMEOUT = "1s"
 PICKER_CONNECT_TIMEOUT = "0.25s"
-UPSTREAM_IDLE_TIMEOUT = "300s"
+# vLLM and SGLang serve through uvicorn, which closes a keep-alive connection
+# after 5 s idle; Envoy must drop it first, or it may reuse a connection the
+# pod is closing at that moment (a reset, then a retry on another pod).
+UPSTREAM_IDLE_TIMEOUT = "4s"
 
 
 def _thresholds(max_retries: int) -> dict:
@@ -127,7 +130,6 @@ def pool_cluster(name: str, eds_dir: Path, buffer_limit: int, max_fallbacks: int
         "circuit_breakers": _thresholds(max_retries=max(1000, max_fallbacks * 1000)),
         "typed_extension_protocol_options": _http1_options(),
         "outlier_detection": _outlier_detection(),
-        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
     }
 
 
@@ -156,9 +158,7 @@ def picker_cluster(host: str, port: int) -> dict:
                     "lb_endpoints": [
                         {
                             "endpoint": {
-                                "address": {
-                                    "socket_address": {"address": host, "port_value": port}
-                                }
+                                "address": {"socket_address": {"address": host, "port_value": port}}
                             }
                         }
                     ]

@@ -7,11 +7,15 @@ default. `local_reply_config` rewrites them.
 
 Every local reply passes through those mappers, including the immediate
 responses the picker sends through ext_proc, which already carry the
-gateway's JSON body. The first mapper therefore matches exactly those
-(Envoy tags them with response-code details `ext_proc_immediate_response`
-unless the picker gives its own details; see PICKER_DETAILS) and changes
-nothing; no top-level `body_format` is set, so an unmatched reply keeps its
-body and headers.
+gateway's JSON body. The first mapper therefore matches exactly those and
+changes nothing (no top-level `body_format` is set, so a reply no mapper
+rewrites keeps its body). Measured on Envoy 1.40: an ImmediateResponse
+without `details` reaches the mappers with empty response-code details
+(every Envoy-generated reply has non-empty details: `no_healthy_upstream`,
+`request_payload_too_large`, `direct_response`, `ext_proc_error_...`), and the
+immediate response's own headers are already on the response the mapper
+filter sees. A reply is the picker's when its details are empty or start
+with `igw_`, or when it already has `content-type: application/json`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,8 @@ from dataclasses import dataclass
 CEL_FILTER = "envoy.access_loggers.extension_filters.cel"
 CEL_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
 
-# Response-code details of a picker's immediate response. Envoy uses the
-# ImmediateResponse `details` string when the picker sets one, else this.
-# The picker should leave `details` empty or start it with "igw_".
-PICKER_DETAILS = ("ext_proc_immediate_response", "igw_")
+# Details prefix the picker may use in ImmediateResponse.details (or leave it empty).
+PICKER_DETAILS_PREFIX = "igw_"
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,12 @@ def error_kinds(max_body_bytes: int) -> tuple[ErrorKind, ...]:
 
 def picker_reply_expression() -> str:
     """CEL: true for a local reply the picker produced (leave it alone)."""
-    tests = [f'response.code_details.startsWith("{prefix}")' for prefix in PICKER_DETAILS]
-    return " || ".join(tests)
+    return (
+        'response.code_details == ""'
+        f' || response.code_details.startsWith("{PICKER_DETAILS_PREFIX}")'
+        ' || ("content-type" in response.headers'
+        ' && response.headers["content-type"].startsWith("application/json"))'
+    )
 
 
 def _cel(expression: str) -> dict:
@@ -79,7 +85,13 @@ def _cel(expression: str) -> dict:
 def _status_filter(op: str, status: int) -> dict:
     return {
         "status_code_filter": {
-            "comparison": {"op": op, "value": {"default_value": status, "runtime_key": f"igw.status_{status}"}}
+            "comparison": {
+                "op": op,
+                "value": {
+                    "default_value": status,
+                    "runtime_key": f"igw.local_reply.{op.lower()}_{status}",
+                },
+            }
         }
     }
 
@@ -112,14 +124,39 @@ def _retry_after() -> dict:
     }
 
 
+def picker_failure_mapper() -> dict:
+    """The picker could not answer and failure mode is closed.
+
+    ext_proc replies `status_on_error` (503) with an empty body when the
+    stream fails (picker down, gRPC error), but 504 when the picker is just
+    slow (`message_timeout`); details start with `ext_proc_error` in both
+    cases. Both become the same 503 with a message and Retry-After: for the
+    client it is one condition, "the gateway cannot route right now".
+    """
+    return {
+        "filter": _cel('response.code_details.startsWith("ext_proc_error")'),
+        "status_code": 503,
+        "body": {"inline_string": "the endpoint picker is unavailable; retry shortly"},
+        "body_format_override": _json_error("server_error", "picker_unavailable"),
+        "headers_to_add": [_retry_after()],
+    }
+
+
 def local_reply_config(max_body_bytes: int) -> dict:
     """HCM `local_reply_config`: picker replies untouched, Envoy's errors as OpenAI JSON."""
-    mappers: list[dict] = [{"filter": _cel(picker_reply_expression())}]
+    mappers: list[dict] = [{"filter": _cel(picker_reply_expression())}, picker_failure_mapper()]
     mappers += [_mapper(kind) for kind in error_kinds(max_body_bytes)]
+    # Anything else Envoy generates: 5xx is the gateway's fault, 4xx the request's.
+    mappers.append(
+        {
+            "filter": _status_filter("GE", 500),
+            "body_format_override": _json_error("server_error", "gateway_error"),
+        }
+    )
     mappers.append(
         {
             "filter": _status_filter("GE", 400),
-            "body_format_override": _json_error("server_error", "gateway_error"),
+            "body_format_override": _json_error("invalid_request_error", "invalid_request"),
         }
     )
     return {"mappers": mappers}
@@ -147,27 +184,15 @@ ACCESS_LOG_FORMAT = {
 }
 
 
+STDOUT_LOG_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog"
+FILE_LOG_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
+
+
 def access_log(path: str | None) -> list[dict]:
     """One JSON line per request, to stdout (path None) or a file."""
     log_format = {"json_format": ACCESS_LOG_FORMAT}
     if path is None:
-        return [
-            {
-                "name": "envoy.access_loggers.stdout",
-                "typed_config": {
-                    "@type": "type.googleapis.com/"
-                    "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
-                    "log_format": log_format,
-                },
-            }
-        ]
-    return [
-        {
-            "name": "envoy.access_loggers.file",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-                "path": path,
-                "log_format": log_format,
-            },
-        }
-    ]
+        config = {"@type": STDOUT_LOG_TYPE, "log_format": log_format}
+        return [{"name": "envoy.access_loggers.stdout", "typed_config": config}]
+    config = {"@type": FILE_LOG_TYPE, "path": path, "log_format": log_format}
+    return [{"name": "envoy.access_loggers.file", "typed_config": config}]

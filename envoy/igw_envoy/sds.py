@@ -6,9 +6,10 @@ PEM; it points at the certificate and key files. Envoy watches the parent
 directories of those files for renames (default `TlsCertificate` behaviour for
 SDS-delivered secrets with file references) and re-reads the pair, checking
 that certificate and key were read consistently. So rotating the certificate
-is: replace the key and certificate files by rename (what `tls.py` does, and
-what a Kubernetes secret mount does with its `..data` symlink swap), no
-restart, no config change. Pointing the secret at different files is a
+is: replace the key and certificate files by rename (what a Kubernetes
+secret mount does with its `..data` symlink swap), no restart, no config
+change. The generated certificate is watched through `tls/reload` instead,
+which `tls.py` touches once both files are in place. Pointing the secret at different files is a
 rewrite of the SDS file, also picked up live.
 """
 
@@ -27,24 +28,34 @@ def sds_path(sds_dir: Path, name: str = SERVER_SECRET) -> Path:
     return Path(sds_dir) / f"{name}.json"
 
 
-def secret_resource(name: str, cert: Path, key: Path) -> dict:
-    """A `Secret` holding a TlsCertificate by file reference (absolute paths)."""
-    return {
-        "@type": SECRET_TYPE,
-        "name": name,
-        "tls_certificate": {
-            "certificate_chain": {"filename": str(Path(cert).resolve())},
-            "private_key": {"filename": str(Path(key).resolve())},
-        },
+def secret_resource(name: str, cert: Path, key: Path, watched_dir: Path | None = None) -> dict:
+    """A `Secret` holding a TlsCertificate by file reference (absolute paths).
+
+    `watched_dir`, when given, is the only directory whose renames trigger a
+    reload (otherwise Envoy watches the certificate's and key's own
+    directories).
+    """
+    tls_certificate: dict = {
+        "certificate_chain": {"filename": str(Path(cert).resolve())},
+        "private_key": {"filename": str(Path(key).resolve())},
     }
+    if watched_dir is not None:
+        tls_certificate["watched_directory"] = {"path": str(Path(watched_dir).resolve())}
+    return {"@type": SECRET_TYPE, "name": name, "tls_certificate": tls_certificate}
 
 
-def write_secret(sds_dir: Path, cert: Path, key: Path, name: str = SERVER_SECRET) -> Path:
+def write_secret(
+    sds_dir: Path,
+    cert: Path,
+    key: Path,
+    name: str = SERVER_SECRET,
+    watched_dir: Path | None = None,
+) -> Path:
     """Write (atomically) the SDS file for the listener certificate; returns its path."""
     sds_dir = Path(sds_dir)
     sds_dir.mkdir(parents=True, exist_ok=True)
     path = sds_path(sds_dir, name)
-    document = {"resources": [secret_resource(name, cert, key)]}
+    document = {"resources": [secret_resource(name, cert, key, watched_dir)]}
     write_atomic(path, json.dumps(document, indent=1).encode())
     return path
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from igw_envoy.atomic import write_atomic
 
 TLS_SUBDIR = "tls"
+RELOAD_SUBDIR = "reload"
+CA_CERT = "ca.pem"  # what clients trust
+CA_KEY = "ca-key.pem"
+SERVER_CERT = "server.pem"
+SERVER_KEY = "server-key.pem"
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 ALWAYS_HOSTS = ("localhost", "127.0.0.1", "::1")
 CA_DAYS = 3650
@@ -40,6 +46,12 @@ class TlsFiles:
     key: Path
 
 
+def generated_files(state_dir: Path) -> TlsFiles:
+    """Where `ensure_self_signed` keeps its files; `ca_cert` is what clients must trust."""
+    tls_dir = Path(state_dir) / TLS_SUBDIR
+    return TlsFiles(tls_dir / CA_CERT, tls_dir / SERVER_CERT, tls_dir / SERVER_KEY)
+
+
 def ensure_self_signed(state_dir: Path, hosts: Sequence[str] = DEFAULT_HOSTS) -> TlsFiles:
     """CA + server certificate under `state_dir/tls`, created or reused.
 
@@ -50,8 +62,8 @@ def ensure_self_signed(state_dir: Path, hosts: Sequence[str] = DEFAULT_HOSTS) ->
     """
     tls_dir = Path(state_dir) / TLS_SUBDIR
     tls_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    files = TlsFiles(tls_dir / "ca.crt", tls_dir / "server.crt", tls_dir / "server.key")
-    ca_key_path = tls_dir / "ca.key"
+    files = generated_files(state_dir)
+    ca_key_path = tls_dir / CA_KEY
     ca = _load_pair(files.ca_cert, ca_key_path)
     if ca is None or not _fresh(ca[0]):
         ca = _new_ca()
@@ -61,6 +73,8 @@ def ensure_self_signed(state_dir: Path, hosts: Sequence[str] = DEFAULT_HOSTS) ->
     server = _load_pair(files.cert, files.key)
     if server is None or not _server_ok(server[0], ca[0], wanted):
         issue_server_cert(files, ca, wanted)
+    elif not reload_dir(tls_dir).is_dir():
+        signal_reload(tls_dir)
     return files
 
 
@@ -98,13 +112,31 @@ def issue_server_cert(
     )
     _write_key(files.key, key)
     write_atomic(files.cert, _cert_pem(cert))
+    signal_reload(files.cert.parent)
     return cert
+
+
+def reload_dir(tls_dir: Path) -> Path:
+    """The directory Envoy watches for the generated pair (see `signal_reload`)."""
+    return Path(tls_dir) / RELOAD_SUBDIR
+
+
+def signal_reload(tls_dir: Path) -> None:
+    """Tell Envoy the generated key and certificate are both in place.
+
+    The SDS secret of a generated certificate watches `tls/reload`, not `tls/`
+    itself, so the two renames (key, then certificate) cause one reload after
+    both, instead of a failed reload of a mismatched pair in between.
+    """
+    marker_dir = reload_dir(tls_dir)
+    marker_dir.mkdir(mode=0o700, exist_ok=True)
+    write_atomic(marker_dir / "generation", str(time.time_ns()).encode())
 
 
 def load_ca(state_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None:
     """The generated CA and its key, for re-issuing a server certificate."""
     tls_dir = Path(state_dir) / TLS_SUBDIR
-    return _load_pair(tls_dir / "ca.crt", tls_dir / "ca.key")
+    return _load_pair(tls_dir / CA_CERT, tls_dir / CA_KEY)
 
 
 def _new_ca() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:

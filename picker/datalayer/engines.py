@@ -12,10 +12,10 @@ exports both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Signal(str, Enum):
+class Signal(StrEnum):
     """What a series means to the gateway, independent of engine."""
 
     WAITING = "waiting"
@@ -40,7 +40,7 @@ class Signal(str, Enum):
     FINISHED_PROMPT_TOKENS = "finished_prompt_tokens"
 
 
-class Aggregate(str, Enum):
+class Aggregate(StrEnum):
     """How several series of one signal (per engine rank, per model) combine."""
 
     SUM = "sum"

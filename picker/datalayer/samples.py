@@ -20,6 +20,7 @@ LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_Histogram = tuple[str, float, float, tuple[float, ...]]  # name, sum, count, buckets
 HTTP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0,
                 3.5, 4.0, 4.5, 5.0, 7.5, 10.0, 30.0, 60.0)
 
@@ -141,12 +142,10 @@ class _Page:
 
 def _python_runtime(page: _Page) -> None:
     """The default prometheus_client collectors every Python server exports."""
-    page.head("python_gc_objects_collected_total", "counter", "Objects collected during gc")
-    for gen in ("0", "1", "2"):
-        page.sample("python_gc_objects_collected_total", {"generation": gen}, 12345.0)
-    page.head("python_gc_collections_total", "counter", "Number of times this generation was collected")
-    for gen in ("0", "1", "2"):
-        page.sample("python_gc_collections_total", {"generation": gen}, 321.0)
+    for name in ("python_gc_objects_collected_total", "python_gc_collections_total"):
+        page.head(name, "counter", "Python garbage collector statistics")
+        for gen in ("0", "1", "2"):
+            page.sample(name, {"generation": gen}, 12345.0)
     page.gauge("python_info", {"implementation": "CPython", "major": "3", "minor": "12",
                                "patchlevel": "3", "version": "3.12.3"}, 1.0)
     for name, value in (("process_virtual_memory_bytes", 4.2e10),
@@ -160,10 +159,11 @@ def _python_runtime(page: _Page) -> None:
 def _http_server(page: _Page) -> None:
     """What prometheus-fastapi-instrumentator adds to vLLM's page: per-handler series."""
     handlers = ("/v1/completions", "/v1/chat/completions", "/metrics", "/health", "/v1/models")
-    page.head("http_requests_total", "counter", "Total number of requests by method, status and handler.")
+    page.head("http_requests_total", "counter", "Total number of requests.")
     for h in handlers:
         for status in ("2xx", "4xx"):
-            page.sample("http_requests_total", {"handler": h, "method": "POST", "status": status}, 99.0)
+            labels = {"handler": h, "method": "POST", "status": status}
+            page.sample("http_requests_total", labels, 99.0)
     for metric in ("http_request_size_bytes", "http_response_size_bytes"):
         page.head(metric, "summary", "Content length of requests/responses.")
         for h in handlers:
@@ -178,21 +178,58 @@ def _http_server(page: _Page) -> None:
                               50.0, 99.0, (0.1, 0.5, 1.0))
 
 
+def _vllm_histograms(s: PodState, old_names: bool) -> list[_Histogram]:
+    """(name, sum, count, buckets) of every histogram a vLLM V1 server exports."""
+    done = s.prefill_count
+    tpot = [("vllm:time_per_output_token_seconds", s.itl_sum, s.itl_count, TPOT_BUCKETS)]
+    if not old_names:
+        tpot.append(("vllm:inter_token_latency_seconds", s.itl_sum, s.itl_count, TPOT_BUCKETS))
+    return [
+        ("vllm:iteration_tokens_total", s.prompt_tokens + s.generation_tokens,
+         max(done, 1.0) * 10, ITERATION_BUCKETS),
+        ("vllm:request_prompt_tokens", s.finished_prompt_tokens, done, TOKEN_BUCKETS),
+        ("vllm:request_generation_tokens", s.generation_tokens, done, TOKEN_BUCKETS),
+        ("vllm:request_max_num_generation_tokens", s.generation_tokens, done, TOKEN_BUCKETS),
+        ("vllm:request_params_n", done, done, (1, 2, 5, 10, 20)),
+        ("vllm:request_params_max_tokens", done * 256, done, TOKEN_BUCKETS),
+        ("vllm:time_to_first_token_seconds", s.ttft_sum, s.ttft_count, TTFT_BUCKETS),
+        *tpot,
+        ("vllm:request_time_per_output_token_seconds", s.itl_sum, s.itl_count, TPOT_BUCKETS),
+        ("vllm:e2e_request_latency_seconds", s.ttft_sum + s.itl_sum, done, LATENCY_BUCKETS),
+        ("vllm:request_queue_time_seconds", s.queue_sum, s.queue_count, LATENCY_BUCKETS),
+        ("vllm:request_inference_time_seconds", s.prefill_sum + s.itl_sum, done,
+         LATENCY_BUCKETS),
+        ("vllm:request_prefill_time_seconds", s.prefill_sum, s.prefill_count, LATENCY_BUCKETS),
+        ("vllm:request_decode_time_seconds", s.itl_sum, done, LATENCY_BUCKETS),
+    ]
+
+
+def _vllm_cache_info(s: PodState) -> dict[str, str]:
+    return {
+        "block_size": str(s.block_size), "cache_dtype": "auto", "calculate_kv_scales": "False",
+        "cpu_offload_gb": "0", "enable_prefix_caching": "True", "gpu_memory_utilization": "0.9",
+        "num_cpu_blocks": "None", "num_gpu_blocks": str(s.num_gpu_blocks),
+        "num_gpu_blocks_override": "None", "prefix_caching_hash_algo": "builtin",
+        "sliding_window": "None", "swap_space": "4", "swap_space_bytes": "4294967296",
+    }
+
+
 def render_vllm(state: PodState, *, old_names: bool = False, extras: bool = True) -> str:
     """A vLLM V1 page; `old_names` uses the pre-0.10 KV name and the old TPOT histogram."""
     page = _Page()
     model = {"model_name": state.model_name, "engine": "0"}
     if extras:
         _python_runtime(page)
-    page.gauge("vllm:num_requests_running", model, state.running, "Number of requests in model execution batches.")
-    page.gauge("vllm:num_requests_waiting", model, state.waiting, "Number of requests waiting to be processed.")
+    page.gauge("vllm:num_requests_running", model, state.running)
+    page.gauge("vllm:num_requests_waiting", model, state.waiting)
     kv_name = "vllm:gpu_cache_usage_perc" if old_names else "vllm:kv_cache_usage_perc"
     page.gauge(kv_name, model, state.kv_usage, "KV-cache usage. 1 means 100 percent usage.")
-    page.counter("vllm:prefix_cache_queries_total", model, 1000.0)
-    page.counter("vllm:prefix_cache_hits_total", model, 400.0)
-    page.counter("vllm:num_preemptions_total", model, 0.0)
-    page.counter("vllm:prompt_tokens_total", model, state.prompt_tokens, "Number of prefill tokens processed.")
-    page.counter("vllm:generation_tokens_total", model, state.generation_tokens, "Number of generation tokens processed.")
+    for name, value in (("vllm:prefix_cache_queries_total", 1000.0),
+                        ("vllm:prefix_cache_hits_total", 400.0),
+                        ("vllm:num_preemptions_total", 0.0),
+                        ("vllm:prompt_tokens_total", state.prompt_tokens),
+                        ("vllm:generation_tokens_total", state.generation_tokens)):
+        page.counter(name, model, value)
     page.head("vllm:request_success", "counter", "Count of successfully processed requests.")
     for reason in ("stop", "length", "abort"):
         page.sample("vllm:request_success_total", {**model, "finished_reason": reason}, 10.0)
@@ -203,71 +240,56 @@ def render_vllm(state: PodState, *, old_names: bool = False, extras: bool = True
                 "max_lora": str(state.max_lora),
                 "running_lora_adapters": ",".join(series.running),
                 "waiting_lora_adapters": ",".join(series.waiting)}, series.stamp)
-    page.gauge("vllm:cache_config_info", {
-        "block_size": str(state.block_size), "cache_dtype": "auto", "calculate_kv_scales": "False",
-        "cpu_offload_gb": "0", "enable_prefix_caching": "True", "gpu_memory_utilization": "0.9",
-        "num_cpu_blocks": "None", "num_gpu_blocks": str(state.num_gpu_blocks),
-        "num_gpu_blocks_override": "None", "prefix_caching_hash_algo": "builtin",
-        "sliding_window": "None", "swap_space": "4", "swap_space_bytes": "4294967296"}, 1.0,
-        "Information of the LLMEngine CacheConfig")
-    n_done = state.prefill_count
-    page.histogram("vllm:iteration_tokens_total", model, state.prompt_tokens + state.generation_tokens,
-                   max(n_done, 1.0) * 10, ITERATION_BUCKETS)
-    page.histogram("vllm:request_prompt_tokens", model, state.finished_prompt_tokens, n_done, TOKEN_BUCKETS)
-    page.histogram("vllm:request_generation_tokens", model, state.generation_tokens, n_done, TOKEN_BUCKETS)
-    page.histogram("vllm:request_max_num_generation_tokens", model, state.generation_tokens, n_done, TOKEN_BUCKETS)
-    page.histogram("vllm:request_params_n", model, n_done, n_done, (1, 2, 5, 10, 20))
-    page.histogram("vllm:request_params_max_tokens", model, n_done * 256, n_done, TOKEN_BUCKETS)
-    page.histogram("vllm:time_to_first_token_seconds", model, state.ttft_sum, state.ttft_count, TTFT_BUCKETS)
-    tpot_names = ("vllm:time_per_output_token_seconds",) if old_names else (
-        "vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds")
-    for name in tpot_names:
-        page.histogram(name, model, state.itl_sum, state.itl_count, TPOT_BUCKETS)
-    page.histogram("vllm:request_time_per_output_token_seconds", model, state.itl_sum, state.itl_count, TPOT_BUCKETS)
-    page.histogram("vllm:e2e_request_latency_seconds", model, state.ttft_sum + state.itl_sum, n_done, LATENCY_BUCKETS)
-    page.histogram("vllm:request_queue_time_seconds", model, state.queue_sum, state.queue_count, LATENCY_BUCKETS)
-    page.histogram("vllm:request_inference_time_seconds", model, state.prefill_sum + state.itl_sum, n_done, LATENCY_BUCKETS)
-    page.histogram("vllm:request_prefill_time_seconds", model, state.prefill_sum, state.prefill_count, LATENCY_BUCKETS)
-    page.histogram("vllm:request_decode_time_seconds", model, state.itl_sum, n_done, LATENCY_BUCKETS)
+    page.gauge("vllm:cache_config_info", _vllm_cache_info(state), 1.0)
+    for name, total, count, buckets in _vllm_histograms(state, old_names):
+        page.histogram(name, model, total, count, buckets)
     if extras:
         _http_server(page)
     return page.text()
 
 
 def render_sglang(state: PodState) -> str:
-    page = _Page()
-    model = {"model_name": state.model_name}
-    page.counter("sglang:prompt_tokens_total", model, state.prompt_tokens, "Number of prefill tokens processed.")
-    page.counter("sglang:generation_tokens_total", model, state.generation_tokens, "Number of generation tokens processed.")
-    page.gauge("sglang:num_running_reqs", model, state.running, "The number of running requests.")
-    page.gauge("sglang:num_queue_reqs", model, state.waiting, "The number of requests in the waiting queue.")
-    page.gauge("sglang:token_usage", model, state.kv_usage, "The token usage.")
-    page.gauge("sglang:cache_hit_rate", model, 0.2, "The prefix cache hit rate.")
-    page.gauge("sglang:cache_config_info", {**model, "page_size": str(state.block_size),
-                                            "num_pages": str(state.num_gpu_blocks)}, 1.0)
-    page.histogram("sglang:time_to_first_token_seconds", model, state.ttft_sum, state.ttft_count, TTFT_BUCKETS)
-    page.histogram("sglang:inter_token_latency_seconds", model, state.itl_sum, state.itl_count, TPOT_BUCKETS)
-    page.histogram("sglang:e2e_request_latency_seconds", model, state.ttft_sum + state.itl_sum,
-                   state.prefill_count, LATENCY_BUCKETS)
-    page.histogram("sglang:queue_time_seconds", model, state.queue_sum, state.queue_count, LATENCY_BUCKETS)
+    s, page = state, _Page()
+    model = {"model_name": s.model_name}
+    page.counter("sglang:prompt_tokens_total", model, s.prompt_tokens)
+    page.counter("sglang:generation_tokens_total", model, s.generation_tokens)
+    page.gauge("sglang:num_running_reqs", model, s.running)
+    page.gauge("sglang:num_queue_reqs", model, s.waiting)
+    page.gauge("sglang:token_usage", model, s.kv_usage)
+    page.gauge("sglang:cache_hit_rate", model, 0.2)
+    page.gauge("sglang:cache_config_info", {**model, "page_size": str(s.block_size),
+                                            "num_pages": str(s.num_gpu_blocks)}, 1.0)
+    for name, total, count, buckets in (
+        ("sglang:time_to_first_token_seconds", s.ttft_sum, s.ttft_count, TTFT_BUCKETS),
+        ("sglang:inter_token_latency_seconds", s.itl_sum, s.itl_count, TPOT_BUCKETS),
+        ("sglang:e2e_request_latency_seconds", s.ttft_sum + s.itl_sum, s.prefill_count,
+         LATENCY_BUCKETS),
+        ("sglang:queue_time_seconds", s.queue_sum, s.queue_count, LATENCY_BUCKETS),
+    ):
+        page.histogram(name, model, total, count, buckets)
     return page.text()
 
 
 def render_trtllm(state: PodState) -> str:
-    page = _Page()
-    model = {"model_name": state.model_name, "engine_type": "trtllm"}
-    page.gauge("trtllm_num_requests_running", model, state.running)
-    page.gauge("trtllm_num_requests_waiting", model, state.waiting)
-    page.gauge("trtllm_kv_cache_utilization", model, state.kv_usage)
-    page.gauge("trtllm_kv_cache_hit_rate", model, 0.3)
-    page.gauge("trtllm_kv_cache_tokens_per_block", model, state.block_size)
-    page.gauge("trtllm_kv_cache_max_blocks", model, state.num_gpu_blocks)
-    page.counter("trtllm_prompt_tokens_total", model, state.prompt_tokens)
-    page.counter("trtllm_generation_tokens_total", model, state.generation_tokens)
-    page.histogram("trtllm_time_to_first_token_seconds", model, state.ttft_sum, state.ttft_count, TTFT_BUCKETS)
-    page.histogram("trtllm_time_per_output_token_seconds", model, state.itl_sum, state.itl_count, TPOT_BUCKETS)
-    page.histogram("trtllm_request_queue_time_seconds", model, state.queue_sum, state.queue_count, LATENCY_BUCKETS)
-    page.histogram("trtllm_request_prefill_time_seconds", model, state.prefill_sum, state.prefill_count, LATENCY_BUCKETS)
+    s, page = state, _Page()
+    model = {"model_name": s.model_name, "engine_type": "trtllm"}
+    for name, value in (("trtllm_num_requests_running", s.running),
+                        ("trtllm_num_requests_waiting", s.waiting),
+                        ("trtllm_kv_cache_utilization", s.kv_usage),
+                        ("trtllm_kv_cache_hit_rate", 0.3),
+                        ("trtllm_kv_cache_tokens_per_block", s.block_size),
+                        ("trtllm_kv_cache_max_blocks", s.num_gpu_blocks)):
+        page.gauge(name, model, value)
+    page.counter("trtllm_prompt_tokens_total", model, s.prompt_tokens)
+    page.counter("trtllm_generation_tokens_total", model, s.generation_tokens)
+    for name, total, count, buckets in (
+        ("trtllm_time_to_first_token_seconds", s.ttft_sum, s.ttft_count, TTFT_BUCKETS),
+        ("trtllm_time_per_output_token_seconds", s.itl_sum, s.itl_count, TPOT_BUCKETS),
+        ("trtllm_request_queue_time_seconds", s.queue_sum, s.queue_count, LATENCY_BUCKETS),
+        ("trtllm_request_prefill_time_seconds", s.prefill_sum, s.prefill_count,
+         LATENCY_BUCKETS),
+    ):
+        page.histogram(name, model, total, count, buckets)
     return page.text()
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from picker.datalayer.engines import Signal
 from picker.datalayer.parser import MetricsSnapshot
+from picker.datastore import PodTable
 
 DEFAULT_ALPHA = 0.1  # weight of one observation
 
@@ -93,14 +94,14 @@ class SpeedLearner:
     def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
         self.alpha = alpha
 
-    def update(self, table: object, row: int, snapshot: MetricsSnapshot) -> None:
+    def update(self, table: PodTable, row: int, snapshot: MetricsSnapshot) -> None:
         self._mean(table, row, TTFT, _present(snapshot, Signal.TTFT_SUM, Signal.TTFT_COUNT))
         self._mean(table, row, QUEUE,
                    _present(snapshot, Signal.QUEUE_TIME_SUM, Signal.QUEUE_TIME_COUNT))
         self._mean(table, row, DECODE, _present(snapshot, Signal.TPOT_SUM, Signal.TPOT_COUNT))
         self._prefill(table, row, snapshot)
 
-    def _remember(self, table: object, row: int, est: _Estimate,
+    def _remember(self, table: PodTable, row: int, est: _Estimate,
                   current: tuple[float, ...]) -> tuple[float, ...]:
         """Swap the stored raw counters for `current`; returns the reset-aware deltas."""
         previous = tuple(float(getattr(table, c)[row]) for c in est.raw_columns)
@@ -108,7 +109,7 @@ class SpeedLearner:
             getattr(table, column)[row] = value
         return counter_deltas(current, previous)
 
-    def _mean(self, table: object, row: int, est: _Estimate,
+    def _mean(self, table: PodTable, row: int, est: _Estimate,
               current: tuple[float, ...] | None) -> None:
         if current is None:
             return
@@ -119,7 +120,7 @@ class SpeedLearner:
             weight = observation_weight(d_count, self.alpha)
             column[row] = ewma(float(column[row]), sample, weight)
 
-    def _prefill(self, table: object, row: int, snapshot: MetricsSnapshot) -> None:
+    def _prefill(self, table: PodTable, row: int, snapshot: MetricsSnapshot) -> None:
         # prompt tokens of finished requests pair exactly with the prefill-time
         # histogram (both observed when a request finishes); the running token
         # counter is the fallback for engines without that histogram
@@ -132,5 +133,5 @@ class SpeedLearner:
         d_seconds, d_count, d_tokens = self._remember(table, row, PREFILL, current)
         sample = prefill_rate(d_tokens, d_seconds)
         if sample is not None:
-            column: np.ndarray = table.prefill_tps  # type: ignore[attr-defined]
+            column: np.ndarray = getattr(table, PREFILL.column)
             column[row] = ewma(float(column[row]), sample, observation_weight(d_count, self.alpha))

@@ -57,7 +57,12 @@ class PrefixIndex:
         return len(self._owners)
 
     def insert(self, row: int, hashes: list[int]) -> None:
-        """Record that the prefix `hashes` was routed to `row` (most recent use)."""
+        """Record that the prefix `hashes` was routed to `row` (most recent use).
+
+        Deepest block first, so a block is never more recent than its
+        ancestors in the chain: eviction then always takes the deepest block,
+        and every pod holds a *prefix* of every chain it saw; `match` relies on it.
+        """
         if not hashes:
             return
         lru = self._lru.get(row)
@@ -66,7 +71,6 @@ class PrefixIndex:
         owners = self._owners
         bit = 1 << row
         cap = self.blocks_per_pod
-        # Deepest block first, so the head of the prefix ends up most recent.
         for h in reversed(hashes[:cap]):
             if h in lru:
                 lru.move_to_end(h)
@@ -96,43 +100,81 @@ class PrefixIndex:
     def match(self, hashes: list[int], capacity: int) -> np.ndarray | None:
         """Leading blocks matched per row (float64, length `capacity`); None if no row matches.
 
-        Walks the blocks in order keeping the set of rows that matched every
-        block so far; a row leaves the set at its first miss. The set only
-        shrinks, so the distinct sets seen are few; their bitmasks are
-        unpacked with one numpy call at the end.
+        Semantics: walk the blocks in order; each row stops at its first miss.
+        Because a pod's LRU always keeps a prefix of every chain (see
+        `insert`), the rows holding block d are exactly the rows still alive
+        at depth d, and the alive set only shrinks; so instead of visiting
+        every block the walk gallops to each depth where the set changes:
+        O(changes × log blocks) lookups instead of O(blocks).
         """
-        owners = self._owners
         if not hashes:
             return None
+        owners = self._owners
         alive = owners.get(hashes[0], 0)
         if not alive:
             return None
-        exits: list[int] = []
-        lengths: list[int] = []
-        for depth, h in enumerate(hashes[1:], start=1):
-            nxt = alive & owners.get(h, 0)
-            if nxt != alive:
-                exits.append(alive & ~nxt)
-                lengths.append(depth)
-                alive = nxt
-                if not alive:
-                    break
-        if alive:
-            exits.append(alive)
-            lengths.append(len(hashes))
-        return _rows_weighted(exits, lengths, capacity)
+        n = len(hashes)
+        exits: list[tuple[int, int]] = []
+        depth = 0  # `alive` holds block `depth` (and, per the invariant, all before it)
+        while alive:
+            last = _last_depth_holding(owners, hashes, alive, depth, n)
+            if last == n - 1:
+                exits.append((alive, n))
+                break
+            nxt = owners.get(hashes[last + 1], 0) & alive
+            exits.append((alive & ~nxt, last + 1))
+            alive, depth = nxt, last + 1
+        return _rows_valued(exits, capacity)
 
 
-def _rows_weighted(masks: list[int], values: list[int], capacity: int) -> np.ndarray:
-    """out[row] = values[i] for the (disjoint) bitmask masks[i] containing row."""
-    nbytes = (max(m.bit_length() for m in masks) + 7) // 8
-    buf = b"".join(m.to_bytes(nbytes, "little") for m in masks)
-    bits = np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")
-    bits = bits.reshape(len(masks), nbytes * 8)
+def _last_depth_holding(
+    owners: dict[int, int], hashes: list[int], alive: int, depth: int, n: int
+) -> int:
+    """Deepest block index ≥ depth that every row of `alive` holds (galloping search)."""
+    lo, step = depth, 1
+    hi = n  # first index known (or assumed, at n) not to be fully held
+    while lo + step < n:
+        probe = lo + step
+        if (owners.get(hashes[probe], 0) & alive) == alive:
+            lo = probe
+            step *= 2
+        else:
+            hi = probe
+            break
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if (owners.get(hashes[mid], 0) & alive) == alive:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# Exit sets with at most this many rows are converted bit by bit (cheap for the
+# usual one or two pods holding a long conversation); larger ones with numpy.
+_SPARSE_BITS = 8
+
+
+def _rows_valued(exits: list[tuple[int, int]], capacity: int) -> np.ndarray:
+    """out[row] = value for each (disjoint) (bitmask, value) in `exits`, 0 elsewhere."""
     out = np.zeros(capacity)
-    width = min(capacity, nbytes * 8)
-    if len(masks) == 1:
-        out[:width] = bits[0, :width] * float(values[0])
-    else:
-        out[:width] = np.asarray(values, dtype=np.float64) @ bits[:, :width]
+    rows: list[int] = []
+    values: list[int] = []
+    for mask, value in exits:
+        if mask.bit_count() <= _SPARSE_BITS:
+            while mask:
+                low = mask & -mask
+                rows.append(low.bit_length() - 1)
+                values.append(value)
+                mask ^= low
+        else:
+            nbytes = (mask.bit_length() + 7) // 8
+            bits = np.unpackbits(
+                np.frombuffer(mask.to_bytes(nbytes, "little"), dtype=np.uint8),
+                count=min(capacity, nbytes * 8),
+                bitorder="little",
+            )
+            out[np.flatnonzero(bits)] = value
+    if rows:
+        out[rows] = values
     return out

@@ -1,0 +1,182 @@
+"""Data-layer benchmark: parser speed and collector scrapes per CPU second.
+
+Run: `python -m bench.bench_datalayer` (under a minute). Prints a markdown
+table and writes it to bench/results/datalayer.md.
+
+1. Parser: microseconds to read one realistic vLLM `/metrics` page (~540
+   lines: histograms, Python runtime and HTTP series) with our targeted parser
+   vs prometheus_client's `text_string_to_metric_families`, same page, same
+   run, as a ratio (the machine is shared and noisy, DESIGN §7).
+2. Collector: many stand-in pods in a separate process serve that page; the
+   collector scrapes them as fast as its interval allows; we divide the
+   collector process's CPU time by the good scrapes it made. Target: at least
+   1,000 pod-scrapes per second per core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from picker.config import GatewayConfig, MetricsConfig, SchedulerConfig
+from picker.datalayer.collector import CollectorOptions, MetricsCollector
+from picker.datalayer.engines import profile_for
+from picker.datalayer.parser import MetricsParser
+from picker.datalayer.samples import LoraSeries, PodState, render
+from picker.datastore import Datastore
+
+RESULTS = Path(__file__).parent / "results" / "datalayer.md"
+PARSER_TARGET_RATIO = 3.0
+COLLECTOR_TARGET = 1000.0
+
+
+def busy_state() -> PodState:
+    state = PodState(waiting=4, running=17, kv_usage=0.42,
+                     lora=[LoraSeries(("sql",), ("chat",), 1.7e9)])
+    state.finish(500, 1200, prefill_s=0.09, queue_s=0.03, itl_s=0.021, output_tokens=180)
+    return state
+
+
+def time_per_call(fn: Callable[[], object], budget_s: float) -> float:
+    """Median seconds per call over 5 repeats sized to fit `budget_s`."""
+    once = timeit.timeit(fn, number=1)
+    number = max(1, int(budget_s / 5 / max(once, 1e-7)))
+    return statistics.median(timeit.repeat(fn, number=number, repeat=5)) / number
+
+
+def bench_parser(engine: str, budget_s: float) -> dict[str, float]:
+    text = render(engine, busy_state())
+    parser = MetricsParser(profile_for(engine))
+
+    def reference() -> None:
+        for family in text_string_to_metric_families(text):
+            for _ in family.samples:
+                pass
+
+    ours = time_per_call(lambda: parser.parse(text), budget_s / 2)
+    theirs = time_per_call(reference, budget_s / 2)
+    return {"lines": text.count("\n"), "kib": len(text) / 1024, "ours_us": ours * 1e6,
+            "theirs_us": theirs * 1e6, "ratio": theirs / ours}
+
+
+def start_fleet(count: int, engine: str) -> tuple[subprocess.Popen[str], list[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "picker.datalayer.standin", "--count", str(count),
+         "--engine", engine],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise RuntimeError("stand-in fleet did not start")
+    return proc, json.loads(line)
+
+
+def stop_fleet(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+async def measure_collector(addresses: list[str], interval_s: float, warmup_s: float,
+                            measure_s: float) -> dict[str, float]:
+    metrics = MetricsConfig(interval_s=interval_s, timeout_s=2.0, stale_after_s=5.0)
+    ds = Datastore(GatewayConfig(name="bench", schedulers=(
+        SchedulerConfig(name="bench", model_name="m", endpoints=tuple(addresses),
+                        lora_adapters=("sql", "chat"), metrics=metrics),)))
+    collector = MetricsCollector(ds, options=CollectorOptions(jitter=0.1))
+    collector.start()
+    try:
+        await asyncio.sleep(warmup_s)
+        ok0, failed0 = collector.counters.ok_total, collector.counters.failed_total
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await asyncio.sleep(measure_s)
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - wall0
+        ok = collector.counters.ok_total - ok0
+        failed = collector.counters.failed_total - failed0
+    finally:
+        await collector.stop()
+    return {"pods": len(addresses), "scrapes": ok, "failed": failed, "wall_s": wall,
+            "cpu_s": cpu, "per_s": ok / wall, "per_cpu_s": ok / cpu if cpu else 0.0,
+            "cpu_us_per_scrape": cpu / ok * 1e6 if ok else 0.0}
+
+
+def bench_collector(pods: int, interval_s: float, warmup_s: float,
+                    measure_s: float) -> dict[str, float]:
+    proc, addresses = start_fleet(pods, "vllm")
+    try:
+        return asyncio.run(measure_collector(addresses, interval_s, warmup_s, measure_s))
+    finally:
+        stop_fleet(proc)
+
+
+def report(parsers: dict[str, dict[str, float]], collector: dict[str, float]) -> str:
+    lines = [
+        "# Data layer benchmark",
+        "",
+        f"Python {sys.version.split()[0]}, one run of `python -m bench.bench_datalayer`.",
+        "",
+        "## Parser: one /metrics page (median of 5 repeats)",
+        "",
+        "| engine page | lines | KiB | targeted parser µs | prometheus_client µs | ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for engine, r in parsers.items():
+        lines.append(f"| {engine} | {r['lines']:.0f} | {r['kib']:.1f} | {r['ours_us']:.0f} | "
+                     f"{r['theirs_us']:.0f} | {r['ratio']:.1f}× |")
+    c = collector
+    lines += [
+        "",
+        f"## Collector: {c['pods']:.0f} stand-in vLLM pods (separate process), "
+        f"{c['wall_s']:.1f} s measured",
+        "",
+        "| good scrapes | failed | scrapes/s (wall) | collector CPU s | "
+        "pod-scrapes per CPU-second | CPU µs per scrape |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {c['scrapes']:.0f} | {c['failed']:.0f} | {c['per_s']:.0f} | {c['cpu_s']:.2f} | "
+        f"{c['per_cpu_s']:.0f} | {c['cpu_us_per_scrape']:.0f} |",
+        "",
+        f"Targets: parser ≥ {PARSER_TARGET_RATIO:.0f}× prometheus_client on the vLLM page; "
+        f"collector ≥ {COLLECTOR_TARGET:.0f} pod-scrapes per CPU-second.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pods", type=int, default=64)
+    ap.add_argument("--interval", type=float, default=0.02, help="per-pod scrape interval, s")
+    ap.add_argument("--measure", type=float, default=8.0, help="collector measurement, s")
+    ap.add_argument("--quick", action="store_true", help="shorter run, for smoke tests")
+    ap.add_argument("--no-write", action="store_true", help="do not write the results file")
+    args = ap.parse_args(argv)
+    budget = 1.0 if args.quick else 4.0
+    measure = 1.5 if args.quick else args.measure
+    parsers = {engine: bench_parser(engine, budget) for engine in ("vllm", "sglang", "trtllm")}
+    collector = bench_collector(args.pods, args.interval, 0.5 if args.quick else 2.0, measure)
+    text = report(parsers, collector)
+    print(text)
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(text)
+    ok = (parsers["vllm"]["ratio"] >= PARSER_TARGET_RATIO
+          and collector["per_cpu_s"] >= COLLECTOR_TARGET)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

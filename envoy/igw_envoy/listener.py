@@ -1,0 +1,316 @@
+"""The HTTPS listener: TLS, the HTTP filter chain and the routes.
+
+Filter order is the security argument: client copies of the routing headers
+are removed first, then JWT (when configured) rejects unauthenticated
+requests, then ext_proc asks the picker, then the router connects to the
+pool member the picker named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bbr import headers
+from igw_envoy import replies
+from igw_envoy.clusters import PICKER_CLUSTER
+from igw_envoy.eds import cluster_name
+from igw_envoy.jwt import HEALTH_PATH, jwt_filter
+from igw_envoy.sds import sds_config
+from picker.config import GatewayConfig, SchedulerConfig
+
+HCM_TYPE = (
+    "type.googleapis.com/"
+    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+EXT_PROC_ROUTE_TYPE = (
+    "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+)
+HEADER_MUTATION_TYPE = (
+    "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+)
+EARLY_MUTATION_TYPE = (
+    "type.googleapis.com/"
+    "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation"
+)
+ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+TLS_DOWNSTREAM_TYPE = (
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
+)
+PREVIOUS_HOSTS_TYPE = (
+    "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+)
+EXT_PROC = "envoy.filters.http.ext_proc"
+
+# TLS 1.2 suites: forward secrecy (ECDHE) and AEAD only. TLS 1.3 suites are
+# fixed by BoringSSL and all qualify.
+TLS12_CIPHERS = (
+    "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "ECDHE-RSA-CHACHA20-POLY1305",
+)
+RETRY_ON = "connect-failure,reset,refused-stream"
+MESSAGE_TIMEOUT = "2s"
+MAX_MESSAGE_TIMEOUT = "60s"
+# HTTP/2: Envoy caps what a stream may buffer at the stream's flow-control
+# window, not at the connection buffer limit (measured on 1.40: with a 1 MiB
+# window a 1.1 MiB body got 413 despite an 8 MiB connection limit). So both
+# windows are the body limit (Envoy's own default is 256 MiB, the largest
+# body limit the config allows); h2 needs at least 65535.
+H2_MIN_WINDOW = 65_535
+H2_MAX_STREAMS = 1024
+
+
+@dataclass(frozen=True)
+class ListenerInputs:
+    """What the listener needs besides the config: where the certificate's SDS file is."""
+
+    sds_dir: Path
+    access_log_path: str | None
+    jwt_base_dir: Path | None = None
+
+
+def listener(config: GatewayConfig, inputs: ListenerInputs) -> dict:
+    """The HTTPS listener on listen_address:listen_port."""
+    limit = config.bbr.max_request_body_bytes
+    socket_address: dict = {"address": config.listen_address, "port_value": config.listen_port}
+    if config.listen_address == "::":
+        socket_address["ipv4_compat"] = True  # "all addresses" includes IPv4 clients
+    return {
+        "name": "https",
+        "address": {"socket_address": socket_address},
+        # A buffered body beyond the connection buffer limit is a 413 from
+        # Envoy (1 MiB by default, DESIGN §8): the limit is the body limit.
+        "per_connection_buffer_limit_bytes": limit,
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": http_connection_manager(config, inputs),
+                    }
+                ],
+                "transport_socket": downstream_tls(inputs.sds_dir),
+            }
+        ],
+    }
+
+
+def downstream_tls(sds_dir: Path) -> dict:
+    """TLS 1.2+ with modern suites, ALPN h2 and http/1.1, certificate from watched SDS."""
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": TLS_DOWNSTREAM_TYPE,
+            "common_tls_context": {
+                "tls_params": {
+                    "tls_minimum_protocol_version": "TLSv1_2",
+                    "tls_maximum_protocol_version": "TLSv1_3",
+                    "cipher_suites": list(TLS12_CIPHERS),
+                },
+                "alpn_protocols": ["h2", "http/1.1"],
+                "tls_certificate_sds_secret_configs": [sds_config(sds_dir)],
+            },
+        },
+    }
+
+
+def http_connection_manager(config: GatewayConfig, inputs: ListenerInputs) -> dict:
+    longest = max(s.route_timeout_s for s in config.schedulers)
+    return {
+        "@type": HCM_TYPE,
+        "stat_prefix": "ingress_https",
+        "codec_type": "AUTO",
+        "server_name": "inference-gateway",
+        "use_remote_address": True,
+        # x-request-id on every response, so a client can quote it and an
+        # operator find the access-log line (and the picker's log) for it.
+        "always_set_request_id_in_response": True,
+        "normalize_path": True,
+        "merge_slashes": True,
+        "request_headers_timeout": "10s",
+        # Streams are idle while a long prompt waits in a queue or prefills;
+        # never cut them before the route timeout would.
+        "stream_idle_timeout": _duration(max(longest, 300.0)),
+        "common_http_protocol_options": {"idle_timeout": "3600s"},
+        "http2_protocol_options": h2_options(config.bbr.max_request_body_bytes),
+        "early_header_mutation_extensions": [early_strip()],
+        "http_filters": http_filters(config, inputs),
+        "route_config": route_config(config),
+        "local_reply_config": replies.local_reply_config(config.bbr.max_request_body_bytes),
+        "access_log": replies.access_log(inputs.access_log_path),
+    }
+
+
+def h2_options(body_limit: int) -> dict:
+    """HTTP/2 windows as large as the body limit, so a buffered body up to it fits."""
+    window = max(body_limit, H2_MIN_WINDOW)
+    return {
+        "max_concurrent_streams": H2_MAX_STREAMS,
+        "initial_stream_window_size": window,
+        "initial_connection_window_size": window,
+    }
+
+
+def _remove_routing_headers() -> list[dict]:
+    return [{"remove": name} for name in headers.ROUTING_HEADERS]
+
+
+def early_strip() -> dict:
+    """Remove client routing headers before Envoy's first route match.
+
+    The header_mutation *filter* runs after the route was already matched
+    once on the client's headers; if the picker then sets no pool (fail-open
+    with the picker down), that cached match would still follow a client's
+    `x-gateway-pool`. Stripping at the early-mutation stage makes the first
+    match see clean headers.
+    """
+    return {
+        "name": "envoy.http.early_header_mutation.header_mutation",
+        "typed_config": {"@type": EARLY_MUTATION_TYPE, "mutations": _remove_routing_headers()},
+    }
+
+
+def strip_filter() -> dict:
+    """header_mutation filter removing client routing headers before ext_proc.
+
+    Route-level request_headers_to_remove would run after the picker and
+    remove its header too (DESIGN §8), so the removal is a filter placed
+    before ext_proc.
+    """
+    return {
+        "name": "envoy.filters.http.header_mutation",
+        "typed_config": {
+            "@type": HEADER_MUTATION_TYPE,
+            "mutations": {"request_mutations": _remove_routing_headers()},
+        },
+    }
+
+
+def ext_proc_filter(config: GatewayConfig) -> dict:
+    """The picker call: headers then the buffered body; no response phases."""
+    return {
+        "name": EXT_PROC,
+        "typed_config": {
+            "@type": EXT_PROC_TYPE,
+            "grpc_service": {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}},
+            "failure_mode_allow": config.failure_mode == "open",
+            # A dead picker with fail-closed: a fast, retryable 503 (not 500).
+            "status_on_error": {"code": "ServiceUnavailable"},
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SKIP",
+                "request_body_mode": "BUFFERED",
+                "response_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
+            },
+            "message_timeout": MESSAGE_TIMEOUT,
+            # The picker may hold a request in its admission queue and extend
+            # the deadline with override_message_timeout, up to this.
+            "max_message_timeout": MAX_MESSAGE_TIMEOUT,
+            "allow_mode_override": False,
+            # x-gateway-* headers are not "routing" headers in Envoy's sense
+            # (host, :authority, :scheme, :method), so the picker may set them
+            # with the default rules; it may not touch those or x-envoy-*.
+            "mutation_rules": {"allow_all_routing": False, "allow_envoy": False},
+            "metadata_options": {
+                "receiving_namespaces": {"untyped": [headers.LB_METADATA_NAMESPACE]}
+            },
+        },
+    }
+
+
+def router_filter() -> dict:
+    return {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}}
+
+
+def http_filters(config: GatewayConfig, inputs: ListenerInputs) -> list[dict]:
+    filters = [strip_filter()]
+    if config.jwt is not None:
+        filters.append(jwt_filter(config.jwt, inputs.jwt_base_dir))
+    filters += [ext_proc_filter(config), router_filter()]
+    return filters
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
+
+
+def retry_policy(max_fallbacks: int) -> dict:
+    """Retry connection-level failures on the next host of the picker's list.
+
+    override_host hands the n-th address of `a,b,c` to the n-th attempt;
+    previous_hosts keeps the fallback policy from re-picking a failed host
+    once the list is used up.
+    """
+    return {
+        "retry_on": RETRY_ON,
+        "num_retries": max_fallbacks,
+        "retry_host_predicate": [
+            {
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {"@type": PREVIOUS_HOSTS_TYPE},
+            }
+        ],
+        "host_selection_retry_max_attempts": 3,
+    }
+
+
+def pool_route_action(pool: SchedulerConfig, max_fallbacks: int) -> dict:
+    action: dict = {"cluster": cluster_name(pool.name), "timeout": _duration(pool.route_timeout_s)}
+    if max_fallbacks > 0:
+        action["retry_policy"] = retry_policy(max_fallbacks)
+    return action
+
+
+def health_route() -> dict:
+    """Envoy's own liveness: answered by Envoy, without the picker or a token."""
+    return {
+        "name": "healthz",
+        "match": {"path": HEALTH_PATH, "headers": [_exact(":method", "GET")]},
+        "direct_response": {"status": 200, "body": {"inline_string": "ok\n"}},
+        "typed_per_filter_config": {EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "disabled": True}},
+    }
+
+
+def _exact(name: str, value: str) -> dict:
+    return {"name": name, "string_match": {"exact": value}}
+
+
+def no_pool_route(config: GatewayConfig) -> dict:
+    """Requests the picker did not assign to a pool.
+
+    One pool: Envoy's own least-request over its members (fail-open keeps
+    serving). Several: there is no safe guess, so a 503 the client can retry
+    (turned into OpenAI JSON by the local-reply mappers).
+    """
+    route: dict = {"name": "no_pool", "match": {"prefix": "/"}}
+    if len(config.schedulers) == 1:
+        route["route"] = pool_route_action(config.schedulers[0], config.max_fallbacks)
+    else:
+        message = "no model pool was selected for this request (endpoint picker unavailable)"
+        route["direct_response"] = {"status": 503, "body": {"inline_string": message}}
+    return route
+
+
+def route_config(config: GatewayConfig) -> dict:
+    """Health check, then one route per pool on the picker's `x-gateway-pool`, then fallback."""
+    routes = [health_route()]
+    for pool in config.schedulers:
+        routes.append(
+            {
+                "name": f"pool_{pool.name}",
+                "match": {"prefix": "/", "headers": [_exact(headers.POOL, pool.name)]},
+                "route": pool_route_action(pool, config.max_fallbacks),
+            }
+        )
+    routes.append(no_pool_route(config))
+    return {
+        "name": "gateway",
+        "virtual_hosts": [{"name": "gateway", "domains": ["*"], "routes": routes}],
+    }

@@ -1,0 +1,91 @@
+"""Writing a snapshot into a pool row, and deciding which rows are fresh.
+
+The only place that knows which datastore columns a scrape fills, so the
+direct collector and the Prometheus source write exactly the same thing.
+Everything here is synchronous and never awaits: a row is written whole
+between two awaits, so the request path never sees half a scrape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from picker.datalayer.engines import Signal
+from picker.datalayer.parser import MetricsSnapshot
+from picker.datalayer.speed import RAW_COLUMNS, SpeedLearner
+from picker.datastore import Pool
+
+# snapshot signal → column; an absent optional gauge is written as 0 (unknown)
+GAUGE_COLUMNS: tuple[tuple[Signal, str], ...] = (
+    (Signal.WAITING, "waiting"),
+    (Signal.RUNNING, "running"),
+    (Signal.KV_USAGE, "kv_usage"),
+    (Signal.KV_BLOCK_SIZE, "kv_block_size"),
+    (Signal.KV_NUM_BLOCKS, "kv_num_blocks"),
+)
+WRITTEN_COLUMNS = (
+    "waiting", "running", "kv_usage", "max_lora", "kv_block_size", "kv_num_blocks",
+    "lora_running", "lora_waiting",  # (rows, MAX_ADAPTERS) bool matrices
+    "prefill_tps", "decode_step_s", "ttft_s", "queue_s", *RAW_COLUMNS,
+    # through Pool.mark_scrape (which also zeroes `dispatched` on a good scrape)
+    "scraped_at", "scrape_failures", "metrics_ok",
+)
+
+
+def write_snapshot(pool: Pool, row: int, snapshot: MetricsSnapshot, learner: SpeedLearner,
+                   now: float) -> None:
+    """Fill `row` from a good scrape taken at monotonic time `now`, then mark it ok."""
+    table = pool.table
+    values = snapshot.values
+    for signal, column in GAUGE_COLUMNS:
+        getattr(table, column)[row] = values.get(signal, 0.0)
+    _write_lora(pool, row, snapshot)
+    learner.update(table, row, snapshot)
+    pool.mark_scrape(row, True, now=now)
+
+
+def _write_lora(pool: Pool, row: int, snapshot: MetricsSnapshot) -> None:
+    """Adapters the pool knows (config `loraAdapters`) get their slot's bit set.
+
+    Lookup only, never `adapter_slot()`: adapters a pod reports but no request
+    can name must not use up the pool's fixed slots; a config reload that adds
+    an adapter allocates its slot and the next scrape fills it.
+    """
+    table = pool.table
+    running = table.lora_running[row]
+    waiting = table.lora_waiting[row]
+    running[:] = False
+    waiting[:] = False
+    lora = snapshot.lora
+    table.max_lora[row] = lora.max_lora if lora is not None else 0.0
+    if lora is None:
+        return
+    index = pool.adapter_index
+    for name in lora.running:
+        slot = index.get(name)
+        if slot is not None:
+            running[slot] = True
+    for name in lora.waiting:
+        slot = index.get(name)
+        if slot is not None:
+            waiting[slot] = True
+
+
+def fresh_mask(pool: Pool, now: float) -> np.ndarray:
+    """Rows whose numbers can be trusted at monotonic time `now`.
+
+    valid & ready & metrics_ok & (now - scraped_at <= stale_after_s): a pod
+    whose last scrape failed, or whose last good scrape is too old, drops out
+    until a scrape succeeds again.
+    """
+    t = pool.table
+    stale_after = pool.config.metrics.stale_after_s
+    return t.valid & t.ready & t.metrics_ok & ((now - t.scraped_at) <= stale_after)
+
+
+def row_age(pool: Pool, row: int, now: float) -> float:
+    """Seconds since the row's last good scrape; inf if it never had one."""
+    scraped_at = float(pool.table.scraped_at[row])
+    return math.inf if scraped_at <= 0 else now - scraped_at

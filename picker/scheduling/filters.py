@@ -1,0 +1,127 @@
+"""Filters: drop the pods that must not get the request.
+
+Order matters only for the reason shown by `explain`: the first filter that
+drops a pod names why. Filters never fail a request on their own: when they
+leave nothing, the scheduler raises `NoCandidates`, except where a filter says
+a softer fallback is better (stale metrics, LoRA).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from picker.datastore import Pool
+from picker.scheduling.context import ScoringContext
+from picker.scheduling.registry import register_filter
+
+
+class PodFilter:
+    """A filter that does not depend on the request: one mask over the whole table.
+
+    The scheduler ANDs these masks over the full columns in one pass (cheaper
+    than narrowing the candidates filter by filter) and only walks them one
+    by one when it needs reasons (explain) or a fallback.
+    """
+
+    name: ClassVar[str]
+    reason: ClassVar[str]
+    degrade_when_empty: ClassVar[bool] = False
+
+    def mask(self, pool: Pool, now: float) -> np.ndarray:
+        """Boolean over every table row."""
+        raise NotImplementedError
+
+    def keep(self, ctx: ScoringContext) -> np.ndarray:
+        return self.mask(ctx.pool, ctx.now)[ctx.rows]
+
+
+@register_filter
+class Ready(PodFilter):
+    """Pods discovery lists and health considers ready."""
+
+    name: ClassVar[str] = "ready"
+    reason: ClassVar[str] = "not-ready"
+
+    def mask(self, pool: Pool, now: float) -> np.ndarray:
+        return pool.table.ready
+
+
+@register_filter
+class NotDraining(PodFilter):
+    """Pods being drained finish their requests but get no new ones."""
+
+    name: ClassVar[str] = "not-draining"
+    reason: ClassVar[str] = "draining"
+
+    def mask(self, pool: Pool, now: float) -> np.ndarray:
+        return ~pool.table.draining
+
+
+@register_filter
+class FreshMetrics(PodFilter):
+    """Pods whose last scrape succeeded within `metrics.staleAfter`.
+
+    Scores computed from old numbers are wrong in the way that hurts most
+    (an overloaded pod looking idle), so stale pods are skipped while any pod
+    is fresh. When *every* ready pod is stale (the metrics source is down, not
+    the pods) the gateway keeps routing, in degraded mode: least in-flight
+    requests by its own count, rather than failing the whole model.
+    """
+
+    name: ClassVar[str] = "fresh-metrics"
+    reason: ClassVar[str] = "stale-metrics"
+    degrade_when_empty: ClassVar[bool] = True
+
+    def mask(self, pool: Pool, now: float) -> np.ndarray:
+        t = pool.table
+        return t.metrics_ok & (t.scraped_at >= now - pool.config.metrics.stale_after_s)
+
+
+@register_filter
+class LoraCapable:
+    """For an adapter request, drop pods that can take it only by evicting another adapter.
+
+    Kept: pods where the adapter is resident (running) or already queued
+    (waiting), pods with a free adapter slot (running adapters < max_lora), and
+    pods that report no LoRA information (max_lora == 0: unknown, not "none";
+    SGLang and TensorRT-LLM publish no such metric). If no pod qualifies, all
+    are kept: the engine queues the request anyway, and failing would be worse.
+    Base-model requests are not filtered.
+    """
+
+    name: ClassVar[str] = "lora"
+    reason: ClassVar[str] = "lora-no-slot"
+    degrade_when_empty: ClassVar[bool] = False
+
+    def keep(self, ctx: ScoringContext) -> np.ndarray:
+        state = lora_state(ctx)
+        if state is None:
+            return np.ones(len(ctx.rows), dtype=bool)
+        resident, waiting, free = state
+        able = resident | waiting | free
+        return able if able.any() else np.ones(len(ctx.rows), dtype=bool)
+
+
+def lora_state(ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(resident, waiting, free-slot-or-unknown) per candidate; None for base-model requests.
+
+    An adapter the pool has no slot for (more than `MAX_ADAPTERS` names) has no
+    information at all: every pod counts as "free slot".
+    """
+    adapter = ctx.req.adapter
+    if adapter is None:
+        return None
+    n = len(ctx.rows)
+    slot = ctx.pool.adapter_index.get(adapter)
+    if slot is None:
+        none = np.zeros(n, dtype=bool)
+        return none, none, np.ones(n, dtype=bool)
+    table = ctx.table
+    resident = table.lora_running[ctx.index, slot]
+    waiting = table.lora_waiting[ctx.index, slot]
+    max_lora = ctx.col("max_lora")
+    used = np.count_nonzero(table.lora_running[ctx.index], axis=1)
+    free = (used < max_lora) | (max_lora <= 0)
+    return resident, waiting, free

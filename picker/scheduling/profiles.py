@@ -1,0 +1,126 @@
+"""Scheduler profiles: which filters, which scorers with which weights, which picker.
+
+The config's `scheduler` field names a profile; the config's `weights` then
+override (or add to) that profile's weights, and a weight of 0 removes a
+scorer. See docs/scoring.md for why the llm-d weights are what they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from picker.config import SchedulerConfig
+from picker.scheduling import scorers as _scorers  # noqa: F401  (registers the scorers)
+from picker.scheduling.filters import FreshMetrics, LoraCapable, NotDraining, Ready
+from picker.scheduling.pickers import MaxScore, Picker, Random, RoundRobin
+from picker.scheduling.registry import SCORERS, Filter, Scorer
+
+DEFAULT_PROFILE = "llm-d"
+
+BASE_FILTERS: tuple[type[Any], ...] = (Ready, NotDraining, FreshMetrics)
+SCORING_FILTERS: tuple[type[Any], ...] = (*BASE_FILTERS, LoraCapable)
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """A profile as data; `build_profile` turns it into plugin instances."""
+
+    weights: Mapping[str, float]
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    filters: tuple[type[Any], ...] = SCORING_FILTERS
+    picker: type[Any] = MaxScore
+    # Baselines ignore the config's weights: they exist to be compared against.
+    accepts_weights: bool = True
+
+
+PROFILES: dict[str, ProfileSpec] = {
+    # Ours: expected TTFT leads; prefix keeps caches warm beyond this request;
+    # queue and KV (with the in-flight correction) guard against what the TTFT
+    # model cannot see (preemption under KV pressure); LoRA affinity avoids
+    # adapter swaps; lru and running requests break near-ties towards spreading.
+    "llm-d": ProfileSpec(
+        weights={
+            "predictedLatency": 3.0,
+            "prefix": 2.0,
+            "queue": 1.0,
+            "kvCache": 1.0,
+            "loraAffinity": 1.0,
+            "runningRequests": 0.5,
+            "lru": 0.5,
+        },
+    ),
+    # The reference endpoint picker's published defaults, on scraped numbers
+    # only (no in-flight correction), so it can be compared as published.
+    "epp": ProfileSpec(
+        weights={"queue": 2.0, "kvCache": 2.0, "prefix": 3.0},
+        params={
+            "queue": {"gap_correction": False},
+            "kvCache": {"gap_correction": False},
+            "runningRequests": {"gap_correction": False},
+        },
+    ),
+    "least-request": ProfileSpec(
+        weights={"leastRequest": 1.0}, filters=BASE_FILTERS, accepts_weights=False
+    ),
+    "round-robin": ProfileSpec(
+        weights={}, filters=BASE_FILTERS, picker=RoundRobin, accepts_weights=False
+    ),
+    "random": ProfileSpec(weights={}, filters=BASE_FILTERS, picker=Random, accepts_weights=False),
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Plugin instances of one pool's scheduler."""
+
+    name: str
+    filters: tuple[Filter, ...]
+    scorers: tuple[tuple[Scorer, float], ...]
+    picker: Picker
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {scorer.name: weight for scorer, weight in self.scorers}
+
+    @cached_property
+    def weight_vector(self) -> np.ndarray:
+        return np.array([weight for _, weight in self.scorers])
+
+
+def effective_weights(name: str, user: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The profile's weights with the user's on top; zero weights dropped."""
+    spec = PROFILES[name]
+    weights = dict(spec.weights)
+    if user and spec.accepts_weights:
+        weights.update(user)
+    return {k: float(v) for k, v in weights.items() if v > 0}
+
+
+def build_profile(
+    name: str = DEFAULT_PROFILE, user_weights: Mapping[str, float] | None = None
+) -> Profile:
+    """Instantiate profile `name` with the user's weight overrides."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown scheduler profile {name!r}; known: {', '.join(PROFILES)}")
+    spec = PROFILES[name]
+    scorers = []
+    for scorer_name, weight in effective_weights(name, user_weights).items():
+        cls = SCORERS.get(scorer_name)
+        if cls is None:
+            raise ValueError(f"unknown scorer {scorer_name!r}; known: {', '.join(SCORERS)}")
+        scorers.append((cls(**spec.params.get(scorer_name, {})), weight))
+    return Profile(
+        name=name,
+        filters=tuple(f() for f in spec.filters),
+        scorers=tuple(scorers),
+        picker=spec.picker(),
+    )
+
+
+def profile_for(config: SchedulerConfig) -> Profile:
+    return build_profile(config.scheduler, config.weights)

@@ -1,0 +1,72 @@
+"""`predictedLatency`: prefer the pod where THIS request would see its first token soonest.
+
+Per candidate pod i, in seconds:
+
+    queued_i  = waiting_i × mean_prompt + prompt tokens the gateway sent since i's last scrape
+    own_i     = prompt_tokens × (1 − prefix match fraction_i)      (uncached part only)
+    slots_i   = max(0, running_i + waiting_i + dispatched_i + 1 − batch_capacity)
+    ttft_i    = (queued_i + own_i) / prefill_tps_i                  prefill work ahead + ours
+              + slots_i × mean_output × decode_step_i / batch_capacity   wait for a batch slot
+              + decode_step_i                                       the first step itself
+
+score_i = min(ttft) / ttft_i, so the best pod gets 1 and a pod twice as slow 0.5.
+
+This is the one signal that weighs heterogeneous pods correctly: a fast pod
+with a short queue beats an idle slow one, and stops beating it once its
+queue holds more work than the speed difference is worth. Speeds come from
+the datastore (learned from scrapes), unknown ones filled by `PoolState.speeds`
+(pool median scaled by the gateway's own observed speed of the pod).
+
+Why not `outstanding_prefill` as the work ahead: it holds the prompts of
+every unfinished request, most of them already past prefill and counted in
+`running`; only what was sent since the scrape is invisible to `waiting`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from picker.scheduling.context import ScoringContext
+from picker.scheduling.registry import register_scorer
+
+# vLLM's default max_num_seqs; engines do not publish it (see docs/scoring.md).
+DEFAULT_BATCH_CAPACITY = 256
+
+
+@register_scorer
+class PredictedLatency:
+    name: ClassVar[str] = "predictedLatency"
+
+    def __init__(self, batch_capacity: int = DEFAULT_BATCH_CAPACITY) -> None:
+        self.batch_capacity = float(batch_capacity)
+
+    def score(self, ctx: ScoringContext) -> np.ndarray | float:
+        ttft = predicted_ttft(ctx, self.batch_capacity)
+        return ttft.min() / ttft
+
+
+def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
+    """Expected time to first token of `ctx.req` on each candidate, in seconds."""
+    state = ctx.state
+    req = ctx.req
+    tps, step = ctx.speeds()
+    work = ctx.col("waiting") * state.prompt_estimate(req)
+    since = ctx.since_scrape_tokens()
+    if since is not None:
+        work += since
+    own = float(max(req.prompt_tokens, 0))
+    matched = ctx.prefix_matched()
+    if matched is None:
+        work += own
+    else:
+        work += own - matched * (own / len(ctx.hashes))
+    ttft = work / tps
+    ttft += step
+    running = ctx.col("running")
+    queue = ctx.queue_depth()
+    if running.max() + queue.max() + 1.0 > batch_capacity:
+        slots = np.maximum(running + queue + (1.0 - batch_capacity), 0.0)
+        ttft += slots * step * (state.output_estimate() / batch_capacity)
+    return ttft

@@ -1,0 +1,27 @@
+"""`lru`: spread requests that have no cache affinity over the least recently picked pods.
+
+When no candidate matches the request's prefix, 1 for the pod picked longest
+ago and 0 for the one picked last (min-max on `last_picked_at`), so new
+prefixes land on different pods and the cache of the pool holds more of them.
+When some pod has a prefix hit, every pod scores 0: the scorer then has no
+effect and cannot pull the request away from its cache.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from picker.scheduling.context import ScoringContext
+from picker.scheduling.registry import min_max_inverse, register_scorer
+
+
+@register_scorer
+class Lru:
+    name: ClassVar[str] = "lru"
+
+    def score(self, ctx: ScoringContext) -> np.ndarray | float:
+        if ctx.prefix_matched() is not None:
+            return 0.0
+        return min_max_inverse(ctx.col("last_picked_at"))

@@ -1,0 +1,190 @@
+"""The scheduler's own per-pool bookkeeping: what the gateway sent and what it learned.
+
+The datastore's columns hold what the scrapes say plus the gateway's counters
+(`inflight`, `dispatched`, ...). This object updates those counters on
+dispatch and completion ("work, not counts": prompt and output tokens, not
+only requests) and keeps what the datastore has no column for: the prefix
+index, prompt tokens dispatched since each pod's last scrape, an observed
+seconds-per-token EWMA per pod, and pool-wide mean request sizes. It survives
+config reloads; rows whose pod changed are wiped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from picker.datastore import Pool
+from picker.scheduling.prefix_index import DEFAULT_BLOCKS_PER_POD, PrefixIndex
+from picker.scheduling.request import SchedulingRequest
+
+POD_EWMA_ALPHA = 0.2
+POOL_EWMA_ALPHA = 0.05
+# Used until a pool has learned anything: deliberately slow, so a pod with
+# unknown speed is never preferred for being "fast".
+DEFAULT_PREFILL_TPS = 1000.0
+DEFAULT_DECODE_STEP_S = 0.03
+DEFAULT_PROMPT_TOKENS = 512.0
+DEFAULT_OUTPUT_TOKENS = 256.0
+MAX_OUTPUT_TOKENS_ESTIMATE = 8192.0
+SPEED_REFRESH_S = 0.2
+
+
+class PoolState:
+    """Gateway-side state for one pool, row-aligned with `pool.table`."""
+
+    def __init__(self, pool: Pool, blocks_per_pod: int = DEFAULT_BLOCKS_PER_POD) -> None:
+        self.pool = pool
+        self.prefix = PrefixIndex(blocks_per_pod)
+        self.mean_prompt = 0.0
+        self.mean_output = 0.0
+        self._version = -1
+        self._owners: list[str | None] = []
+        self.since_tokens = np.zeros(0)
+        self.since_stamp = np.zeros(0)
+        self.spt = np.zeros(0)
+        self._speed_at = -math.inf
+        self._speed_version = -1
+        self._speed: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
+        self.sync()
+
+    # -- keeping rows aligned with the datastore ---------------------------------
+
+    def sync(self) -> None:
+        """Follow pool growth and row reuse (cheap no-op unless membership changed)."""
+        pool = self.pool
+        cap = pool.table.capacity
+        if pool.version == self._version and len(self.spt) == cap:
+            return
+        if len(self.spt) < cap:
+            for name in ("since_tokens", "since_stamp", "spt"):
+                grown = np.zeros(cap)
+                old = getattr(self, name)
+                grown[: len(old)] = old
+                setattr(self, name, grown)
+            self._owners.extend([None] * (cap - len(self._owners)))
+        for row, address in enumerate(pool.row_address):
+            if self._owners[row] != address:
+                self._reset_row(row)
+                self._owners[row] = address
+        self._version = pool.version
+
+    def _reset_row(self, row: int) -> None:
+        self.prefix.forget(row)
+        self.since_tokens[row] = 0.0
+        self.since_stamp[row] = 0.0
+        self.spt[row] = 0.0
+
+    def set_blocks_per_pod(self, blocks: int) -> None:
+        """Resize the prefix LRUs on reload; shrinking evicts on the next insert."""
+        self.prefix.blocks_per_pod = blocks
+
+    # -- accounting ---------------------------------------------------------------
+
+    def on_dispatch(self, row: int, req: SchedulingRequest, now: float) -> None:
+        """Count the request against `row` at once, before any scrape can see it."""
+        self.sync()
+        t = self.pool.table
+        prompt = float(max(req.prompt_tokens, 0))
+        output = float(max(req.max_tokens, 0))
+        t.inflight[row] += 1.0
+        t.dispatched[row] += 1.0
+        t.picks[row] += 1.0
+        t.outstanding_prefill[row] += prompt
+        t.outstanding_decode[row] += output
+        t.last_picked_at[row] = now
+        if self.since_stamp[row] != t.scraped_at[row]:
+            self.since_stamp[row] = t.scraped_at[row]
+            self.since_tokens[row] = 0.0
+        self.since_tokens[row] += prompt
+        self.mean_prompt = _ewma(self.mean_prompt, prompt, POOL_EWMA_ALPHA)
+        if output > 0:
+            est = min(output, MAX_OUTPUT_TOKENS_ESTIMATE)
+            self.mean_output = _ewma(self.mean_output, est, POOL_EWMA_ALPHA)
+        if len(req.prefix_hashes):
+            self.prefix.insert(row, req.prefix_hashes.tolist())
+
+    def on_complete(
+        self,
+        row: int,
+        req: SchedulingRequest,
+        duration_s: float,
+        ok: bool,
+        output_tokens: int | None = None,
+    ) -> None:
+        """Release the request's work; learn the pod's observed speed from a success."""
+        self.sync()
+        t = self.pool.table
+        t.inflight[row] = max(0.0, t.inflight[row] - 1.0)
+        t.outstanding_prefill[row] = max(0.0, t.outstanding_prefill[row] - req.prompt_tokens)
+        t.outstanding_decode[row] = max(0.0, t.outstanding_decode[row] - req.max_tokens)
+        out = req.max_tokens if output_tokens is None else output_tokens
+        tokens = max(req.prompt_tokens, 0) + max(out, 0)
+        if ok and tokens > 0 and duration_s > 0:
+            self.spt[row] = _ewma(self.spt[row], duration_s / tokens, POD_EWMA_ALPHA)
+
+    # -- derived signals ------------------------------------------------------------
+
+    def since_scrape_tokens(
+        self, index: slice | np.ndarray, dispatched: np.ndarray
+    ) -> np.ndarray | None:
+        """Prompt tokens sent to each row since its last scrape; None when there are none.
+
+        A scrape zeroes `dispatched` and `on_dispatch` restarts `since_tokens`
+        after a scrape, so a row with `dispatched == 0` has no tokens since.
+        """
+        if not dispatched.any():
+            return None
+        return self.since_tokens[index] * (dispatched > 0)
+
+    def prompt_estimate(self, req: SchedulingRequest) -> float:
+        """Mean prompt size of recent requests (this one's until any was seen)."""
+        if self.mean_prompt > 0:
+            return self.mean_prompt
+        return float(req.prompt_tokens) if req.prompt_tokens > 0 else DEFAULT_PROMPT_TOKENS
+
+    def output_estimate(self) -> float:
+        return self.mean_output if self.mean_output > 0 else DEFAULT_OUTPUT_TOKENS
+
+    def speeds(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """(prefill tokens/s, decode step s) for every table row, unknown speeds filled.
+
+        A pod without a learned speed gets the pool median, scaled by the
+        gateway's own observed seconds-per-token of that pod relative to the
+        pool's median when it has one (else a deliberately slow default).
+        Rebuilt at most every `SPEED_REFRESH_S` and on membership changes:
+        speeds are learned over many requests and move slowly, and refilling
+        (medians included) on every request would cost more than the rest of
+        the latency model.
+        """
+        self.sync()
+        if self._speed_version == self.pool.version and 0 <= now - self._speed_at < SPEED_REFRESH_S:
+            return self._speed
+        t = self.pool.table
+        valid = t.valid
+        ref_tps = _median_positive(t.prefill_tps[valid], DEFAULT_PREFILL_TPS)
+        ref_step = _median_positive(t.decode_step_s[valid], DEFAULT_DECODE_STEP_S)
+        ref_spt = _median_positive(self.spt[valid], 0.0)
+        slowness = np.ones(t.capacity)  # observed s/token relative to the pool's median
+        if ref_spt > 0:
+            np.divide(self.spt, ref_spt, out=slowness, where=self.spt > 0)
+        tps = np.where(t.prefill_tps > 0, t.prefill_tps, ref_tps / slowness)
+        step = np.where(t.decode_step_s > 0, t.decode_step_s, ref_step * slowness)
+        self._speed = (tps, step)
+        self._speed_at = now
+        self._speed_version = self.pool.version
+        return self._speed
+
+    def invalidate_speeds(self) -> None:
+        """Make the next `speeds` call re-read the table (tests, or after a bulk update)."""
+        self._speed_at = -math.inf
+
+
+def _ewma(mean: float, value: float, alpha: float) -> float:
+    return value if mean <= 0 else mean + alpha * (value - mean)
+
+
+def _median_positive(values: np.ndarray, default: float) -> float:
+    known = values[values > 0]
+    return float(np.median(known)) if len(known) else default

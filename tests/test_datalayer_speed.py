@@ -1,0 +1,148 @@
+"""Speed learning from counter deltas: the pure estimates and the row updates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from picker.datalayer.engines import TRTLLM, VLLM, Signal
+from picker.datalayer.parser import MetricsSnapshot, parse_metrics
+from picker.datalayer.samples import PodState, render, render_vllm
+from picker.datalayer.speed import (
+    SpeedLearner,
+    counter_deltas,
+    ewma,
+    observation_weight,
+    prefill_rate,
+    window_mean,
+)
+from picker.datastore import PodTable
+
+
+def test_counter_deltas_plain_growth() -> None:
+    assert counter_deltas((10.0, 4.0), (7.0, 3.0)) == (3.0, 1.0)
+    assert counter_deltas((5.0, 2.0), (5.0, 2.0)) == (0.0, 0.0)
+
+
+def test_counter_deltas_reset_uses_current_values_for_the_whole_group() -> None:
+    # the count went down: the pod restarted, so the sum restarted too even if it
+    # happens to be larger than before
+    assert counter_deltas((50.0, 2.0), (40.0, 10.0)) == (50.0, 2.0)
+    assert counter_deltas((0.0, 0.0), (40.0, 10.0)) == (0.0, 0.0)
+
+
+def test_window_mean() -> None:
+    assert window_mean(2.0, 4.0) == 0.5
+    assert window_mean(1.0, 0.0) is None
+    assert window_mean(-1.0, 2.0) is None
+    assert window_mean(math.inf, 2.0) is None
+
+
+def test_prefill_rate() -> None:
+    assert prefill_rate(1000.0, 0.5) == 2000.0
+    assert prefill_rate(0.0, 0.5) is None
+    assert prefill_rate(100.0, 0.0) is None
+    assert prefill_rate(-5.0, 1.0) is None
+
+
+def test_observation_weight_grows_with_observations() -> None:
+    assert observation_weight(0, 0.1) == 0.0
+    assert observation_weight(1, 0.1) == pytest.approx(0.1)
+    assert observation_weight(2, 0.1) == pytest.approx(0.19)
+    assert observation_weight(1000, 0.1) == pytest.approx(1.0)
+
+
+def test_ewma() -> None:
+    assert ewma(0.0, 3.0, 0.1) == 3.0  # no estimate yet: take the sample
+    assert ewma(math.nan, 3.0, 0.1) == 3.0
+    assert ewma(1.0, 3.0, 0.5) == 2.0
+    assert ewma(1.0, 3.0, 0.0) == 1.0
+
+
+def _snap(state: PodState) -> MetricsSnapshot:
+    return parse_metrics(render_vllm(state, extras=False), VLLM)
+
+
+def test_learner_first_scrape_takes_the_lifetime_means() -> None:
+    table, learner, state = PodTable(4), SpeedLearner(alpha=0.1), PodState()
+    state.finish(10, prompt_tokens=1000, prefill_s=0.1, queue_s=0.05, itl_s=0.02,
+                 output_tokens=11)
+    learner.update(table, 2, _snap(state))
+    assert table.ttft_s[2] == pytest.approx(0.15)
+    assert table.queue_s[2] == pytest.approx(0.05)
+    assert table.decode_step_s[2] == pytest.approx(0.02)
+    assert table.prefill_tps[2] == pytest.approx(10000.0)
+    assert table.raw_prefill_tokens[2] == 10000
+    assert table.ttft_s[1] == 0.0  # other rows untouched
+
+
+def test_learner_moves_towards_recent_windows_by_observation_count() -> None:
+    table, learner, state = PodTable(4), SpeedLearner(alpha=0.1), PodState()
+    state.finish(10, 1000, prefill_s=0.1, queue_s=0.0, itl_s=0.02, output_tokens=11)
+    learner.update(table, 0, _snap(state))
+    state.finish(1, 1000, prefill_s=0.3, queue_s=0.0, itl_s=0.02, output_tokens=11)
+    learner.update(table, 0, _snap(state))
+    # one observation of 0.3 s TTFT: weight 0.1
+    assert table.ttft_s[0] == pytest.approx(0.1 + 0.1 * (0.3 - 0.1))
+    # one request of 1000 tokens in 0.3 s
+    assert table.prefill_tps[0] == pytest.approx(10000 + 0.1 * (1000 / 0.3 - 10000))
+    # decode: 10 intervals at the same speed leave the estimate where it was
+    assert table.decode_step_s[0] == pytest.approx(0.02)
+
+
+def test_learner_idle_windows_change_nothing() -> None:
+    table, learner, state = PodTable(2), SpeedLearner(), PodState()
+    state.finish(5, 500, prefill_s=0.05, queue_s=0.01, itl_s=0.03, output_tokens=5)
+    learner.update(table, 0, _snap(state))
+    before = (table.ttft_s[0], table.prefill_tps[0], table.decode_step_s[0], table.queue_s[0])
+    for _ in range(5):
+        learner.update(table, 0, _snap(state))
+    assert (table.ttft_s[0], table.prefill_tps[0], table.decode_step_s[0],
+            table.queue_s[0]) == before
+
+
+def test_learner_counter_reset_gives_no_negative_or_garbage_rates() -> None:
+    table, learner, state = PodTable(2), SpeedLearner(alpha=0.5), PodState()
+    state.finish(100, 2000, prefill_s=0.2, queue_s=0.1, itl_s=0.05, output_tokens=21)
+    learner.update(table, 0, _snap(state))
+    state.restart()  # pod restarted: every counter back to zero ...
+    learner.update(table, 0, _snap(state))
+    assert table.ttft_s[0] == pytest.approx(0.3)  # ... an empty window changes nothing
+    state.finish(2, 2000, prefill_s=0.4, queue_s=0.1, itl_s=0.05, output_tokens=21)
+    learner.update(table, 0, _snap(state))
+    for column in ("ttft_s", "prefill_tps", "decode_step_s", "queue_s"):
+        value = getattr(table, column)[0]
+        assert math.isfinite(value) and value > 0, column
+    assert table.ttft_s[0] == pytest.approx(0.3 + 0.75 * (0.5 - 0.3))
+    assert table.prefill_tps[0] == pytest.approx(10000 + 0.75 * (5000 - 10000))
+
+
+def test_learner_restart_with_counts_already_past_the_old_values() -> None:
+    """A restart between scrapes that already served more than before still reads as new."""
+    table, learner, state = PodTable(2), SpeedLearner(alpha=0.5), PodState()
+    state.finish(3, 100, prefill_s=0.1, queue_s=0.0, itl_s=0.01, output_tokens=2)
+    learner.update(table, 0, _snap(state))
+    state.restart()
+    state.finish(2, 100, prefill_s=1.0, queue_s=0.0, itl_s=0.01, output_tokens=2)
+    learner.update(table, 0, _snap(state))
+    # count 3 -> 2 is a reset: the window is the 2 new requests (mean 1.0 s)
+    assert table.ttft_s[0] == pytest.approx(0.1 + 0.75 * (1.0 - 0.1))
+
+
+def test_learner_missing_series_leave_estimates_alone() -> None:
+    table, learner = PodTable(2), SpeedLearner()
+    table.ttft_s[0] = 0.5
+    learner.update(table, 0, MetricsSnapshot(values={Signal.WAITING: 1.0}))
+    assert table.ttft_s[0] == 0.5
+    assert table.raw_ttft_count[0] == 0.0
+
+
+def test_prefill_falls_back_to_the_prompt_token_counter() -> None:
+    """SGLang has no prefill histogram; TRT-LLM has it with the running token counter."""
+    table, learner, state = PodTable(2), SpeedLearner(), PodState()
+    state.finish(4, 400, prefill_s=0.2, queue_s=0.0, itl_s=0.01, output_tokens=3)
+    snap = parse_metrics(render("trtllm", state), TRTLLM)
+    assert Signal.FINISHED_PROMPT_TOKENS not in snap.values
+    learner.update(table, 1, snap)
+    assert table.prefill_tps[1] == pytest.approx(2000.0)

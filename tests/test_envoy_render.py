@@ -1,0 +1,372 @@
+"""Rendering the Envoy bootstrap: every variant passes `envoy --mode validate`, and the
+parts the security and failure design rests on are where they must be.
+
+Live behaviour (real traffic through a real Envoy) is in test_envoy_live.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from igw_envoy import (
+    EndpointError,
+    EnvoyConfigError,
+    EnvoyNotFoundError,
+    cluster_name,
+    default_paths,
+    ensure_self_signed,
+    find_envoy,
+    generated_files,
+    read_endpoints,
+    render_bootstrap,
+    resolve_endpoint,
+    validate_config,
+    write_bootstrap,
+    write_endpoints,
+)
+from igw_envoy.eds import eds_path
+
+from bbr import headers as hdr
+from picker.config import GatewayConfig, parse_config
+from picker.datastore import Pool
+
+
+def document(**spec: object) -> dict:
+    base: dict = {
+        "tls": {},
+        "schedulers": [
+            {"name": "llama", "modelName": "llama-3", "endpoints": ["127.0.0.1:8000"]},
+        ],
+    }
+    base.update(spec)
+    return {
+        "apiVersion": "inference.sagemaker.aws.amazon.com/v1alpha1",
+        "kind": "InferenceGatewayConfig",
+        "metadata": {"name": "gw"},
+        "spec": base,
+    }
+
+
+TWO_POOLS = [
+    {
+        "name": "llama",
+        "modelName": "llama-3",
+        "endpoints": ["127.0.0.1:8000", "127.0.0.1:8001"],
+        "routeTimeout": "120s",
+    },
+    {"name": "qwen", "modelName": "qwen", "modelSelector": {"matchLabels": {"app": "qwen"}}},
+]
+
+
+def _jwks_file(tmp: Path) -> str:
+    path = tmp / "jwks.json"
+    path.write_text(
+        json.dumps(
+            {
+                "keys": [
+                    {
+                        "kty": "EC",
+                        "crv": "P-256",
+                        "kid": "k",
+                        "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU",
+                        "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0",
+                    }
+                ]
+            }
+        )
+    )
+    return str(path)
+
+
+def variants(tmp: Path) -> dict[str, dict]:
+    user_tls = ensure_self_signed(tmp / "user-tls")
+    return {
+        "one_pool": document(),
+        "two_pools_bbr": document(
+            bbr={"enabled": True, "maxRequestBodyBytes": 4 * 1024 * 1024}, schedulers=TWO_POOLS
+        ),
+        "jwt_local": document(
+            auth={
+                "jwt": {
+                    "issuer": "https://id.test",
+                    "audiences": ["gw"],
+                    "jwksFile": _jwks_file(tmp),
+                }
+            }
+        ),
+        "jwt_remote": document(
+            auth={
+                "jwt": {
+                    "issuer": "https://id.test",
+                    "jwksUri": "https://id.test/.well-known/jwks.json",
+                }
+            }
+        ),
+        "user_tls": document(
+            tls={"certificateFile": str(user_tls.cert), "keyFile": str(user_tls.key)}
+        ),
+        "fail_open": document(failureMode="open"),
+        "no_fallbacks_ipv6": document(
+            maxFallbacks=0,
+            listener={"address": "::", "port": 9443},
+            schedulers=[{"name": "v6", "modelName": "m", "endpoints": ["[::1]:8000"]}],
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "one_pool",
+        "two_pools_bbr",
+        "jwt_local",
+        "jwt_remote",
+        "user_tls",
+        "fail_open",
+        "no_fallbacks_ipv6",
+    ],
+)
+def test_every_variant_passes_envoy_validate(tmp_path: Path, name: str) -> None:
+    config = parse_config(variants(tmp_path)[name])
+    bootstrap = write_bootstrap(config, tmp_path / "state")
+    validate_config(bootstrap)  # raises with Envoy's message on failure
+
+
+def test_validate_reports_envoys_message(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("static_resources: {clusters: [{name: x, type: NOPE}]}\n")
+    with pytest.raises(EnvoyConfigError, match="NOPE"):
+        validate_config(broken)
+
+
+def test_find_envoy(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert os.access(find_envoy(), os.X_OK)
+    monkeypatch.setenv("IGW_ENVOY_BIN", "/nonexistent/envoy")
+    with pytest.raises(EnvoyNotFoundError):
+        find_envoy()
+
+
+# --- structure --------------------------------------------------------------
+
+
+def _render(tmp: Path, doc: dict) -> tuple[GatewayConfig, dict]:
+    config = parse_config(doc)
+    return config, render_bootstrap(config, default_paths(config, tmp))
+
+
+def _hcm(bootstrap: dict) -> dict:
+    listener = bootstrap["static_resources"]["listeners"][0]
+    return listener["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def _routes(bootstrap: dict) -> list[dict]:
+    return _hcm(bootstrap)["route_config"]["virtual_hosts"][0]["routes"]
+
+
+def test_filter_order_strip_jwt_ext_proc_router(tmp_path: Path) -> None:
+    doc = document(auth={"jwt": {"issuer": "i", "jwksFile": _jwks_file(tmp_path)}})
+    _, bootstrap = _render(tmp_path, doc)
+    names = [f["name"] for f in _hcm(bootstrap)["http_filters"]]
+    assert names == [
+        "envoy.filters.http.header_mutation",
+        "envoy.filters.http.jwt_authn",
+        "envoy.filters.http.ext_proc",
+        "envoy.filters.http.router",
+    ]
+    _, plain = _render(tmp_path, document())
+    assert "envoy.filters.http.jwt_authn" not in [f["name"] for f in _hcm(plain)["http_filters"]]
+
+
+def test_every_routing_header_is_stripped_early_and_in_the_filter(tmp_path: Path) -> None:
+    _, bootstrap = _render(tmp_path, document())
+    hcm = _hcm(bootstrap)
+    early = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
+    strip = hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
+    for mutations in (early, strip):
+        assert {m["remove"] for m in mutations} == set(hdr.ROUTING_HEADERS)
+
+
+@pytest.mark.parametrize("mode", ["closed", "open"])
+def test_ext_proc_settings(tmp_path: Path, mode: str) -> None:
+    _, bootstrap = _render(tmp_path, document(failureMode=mode))
+    ext_proc = _hcm(bootstrap)["http_filters"][1]["typed_config"]
+    assert ext_proc["failure_mode_allow"] is (mode == "open")
+    assert ext_proc["status_on_error"] == {"code": "ServiceUnavailable"}
+    assert ext_proc["processing_mode"] == {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SKIP",
+        "request_body_mode": "BUFFERED",
+        "response_body_mode": "NONE",
+        "request_trailer_mode": "SKIP",
+        "response_trailer_mode": "SKIP",
+    }
+    assert (ext_proc["message_timeout"], ext_proc["max_message_timeout"]) == ("2s", "60s")
+    assert ext_proc["allow_mode_override"] is False
+    assert ext_proc["grpc_service"]["envoy_grpc"]["cluster_name"] == "picker"
+
+
+def test_buffer_limits_follow_the_body_limit(tmp_path: Path) -> None:
+    limit = 3 * 1024 * 1024
+    _, bootstrap = _render(tmp_path, document(bbr={"maxRequestBodyBytes": limit}))
+    listener = bootstrap["static_resources"]["listeners"][0]
+    assert listener["per_connection_buffer_limit_bytes"] == limit
+    h2 = _hcm(bootstrap)["http2_protocol_options"]
+    assert h2["initial_stream_window_size"] == limit
+    assert h2["initial_connection_window_size"] == limit
+    for cluster in bootstrap["static_resources"]["clusters"][1:]:
+        assert cluster["per_connection_buffer_limit_bytes"] == limit
+
+
+def test_routes_two_pools(tmp_path: Path) -> None:
+    doc = document(bbr={"enabled": True}, schedulers=TWO_POOLS, maxFallbacks=3)
+    config, bootstrap = _render(tmp_path, doc)
+    routes = _routes(bootstrap)
+    assert routes[0]["match"]["path"] == "/healthz"
+    assert routes[0]["direct_response"]["status"] == 200
+    for route, sched in zip(routes[1:3], config.schedulers, strict=True):
+        assert route["match"]["headers"] == [
+            {"name": hdr.POOL, "string_match": {"exact": sched.name}}
+        ]
+        assert route["route"]["cluster"] == Pool(sched).cluster_name
+        assert route["route"]["retry_policy"]["num_retries"] == 3
+        assert route["route"]["retry_policy"]["retry_on"] == "connect-failure,reset,refused-stream"
+    assert routes[1]["route"]["timeout"] == "120s"
+    assert routes[3]["direct_response"]["status"] == 503  # no pool chosen: no safe guess
+
+
+def test_one_pool_fallback_route_goes_to_the_pool(tmp_path: Path) -> None:
+    _, bootstrap = _render(tmp_path, document(maxFallbacks=0))
+    fallback = _routes(bootstrap)[-1]
+    assert fallback["route"]["cluster"] == "pool_llama"
+    assert "retry_policy" not in fallback["route"]
+
+
+def test_pool_cluster_uses_override_host_over_eds(tmp_path: Path) -> None:
+    config, bootstrap = _render(tmp_path, document())
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    assert set(clusters) == {"picker", "pool_llama"}
+    pool = clusters["pool_llama"]
+    assert pool["type"] == "EDS"
+    source = pool["eds_cluster_config"]["eds_config"]["path_config_source"]
+    assert source["path"] == str(eds_path(tmp_path.resolve() / "eds", "pool_llama"))
+    assert source["watched_directory"]["path"] == str(tmp_path.resolve() / "eds")
+    policy = pool["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert policy["name"] == "envoy.load_balancing_policies.override_host"
+    assert policy["typed_config"]["override_host_sources"][0] == {
+        "header": hdr.DESTINATION_ENDPOINT
+    }
+    fallback = policy["typed_config"]["fallback_policy"]["policies"][0]["typed_extension_config"]
+    assert fallback["name"] == "envoy.load_balancing_policies.least_request"
+    picker = clusters["picker"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+    assert picker["endpoint"]["address"]["socket_address"]["port_value"] == config.picker_port
+    assert bootstrap["admin"]["address"]["socket_address"] == {
+        "address": "127.0.0.1",
+        "port_value": config.envoy_admin_port,
+    }
+
+
+def test_write_bootstrap_keeps_discovered_members(tmp_path: Path) -> None:
+    config = parse_config(document(bbr={"enabled": True}, schedulers=TWO_POOLS))
+    state = tmp_path / "state"
+    write_bootstrap(config, state)
+    assert read_endpoints(state / "eds", "pool_qwen") == []
+    write_endpoints(state / "eds", "pool_qwen", ["10.0.0.9:8000"])
+    write_bootstrap(config, state)
+    assert read_endpoints(state / "eds", "pool_qwen") == ["10.0.0.9:8000"]  # picker's view kept
+    assert read_endpoints(state / "eds", "pool_llama") == ["127.0.0.1:8000", "127.0.0.1:8001"]
+
+
+def test_cli_prints_yaml_without_writing(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(yaml.safe_dump(document()))
+    state = tmp_path / "state"
+    out = subprocess.run(
+        [sys.executable, "-m", "igw_envoy.render", str(cfg), str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert yaml.safe_load(out.stdout)["node"]["id"] == "igw-gw"
+    assert "RuntimeWarning" not in out.stderr
+    assert not state.exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(document(bogus=1)))
+    res = subprocess.run(
+        [sys.executable, "-m", "igw_envoy.render", str(bad), str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 2
+    assert "spec.bogus" in res.stderr
+
+
+# --- EDS files --------------------------------------------------------------
+
+
+def test_resolve_endpoint_forms() -> None:
+    assert resolve_endpoint("10.1.2.3:8000") == ["10.1.2.3:8000"]
+    assert resolve_endpoint("[0:0::1]:8000") == ["[::1]:8000"]
+    assert set(resolve_endpoint("localhost:8000")) <= {"127.0.0.1:8000", "[::1]:8000"}
+    assert len(resolve_endpoint("localhost:8000")) == 1  # one family, not two members
+    for bad in ("nohost", "host:", "h:99999", "no-such-host.invalid:80"):
+        with pytest.raises(EndpointError):
+            resolve_endpoint(bad)
+
+
+def test_write_endpoints_is_atomic_and_round_trips(tmp_path: Path) -> None:
+    eds_dir = tmp_path / "eds"
+    write_endpoints(eds_dir, "pool_x", ["10.0.0.1:80", "[fd00::2]:81", "10.0.0.1:80"])
+    assert read_endpoints(eds_dir, "pool_x") == ["10.0.0.1:80", "[fd00::2]:81"]
+    write_endpoints(eds_dir, "pool_x", ["no-such-host.invalid:80", "10.0.0.3:80"])
+    assert read_endpoints(eds_dir, "pool_x") == ["10.0.0.3:80"]  # unresolvable skipped
+    assert sorted(p.name for p in eds_dir.iterdir()) == ["pool_x.json"]  # no temp left
+    doc = json.loads(eds_path(eds_dir, "pool_x").read_text())
+    resource = doc["resources"][0]
+    assert resource["@type"].endswith("envoy.config.endpoint.v3.ClusterLoadAssignment")
+    assert resource["cluster_name"] == "pool_x"
+
+
+def test_cluster_name_matches_the_datastore() -> None:
+    config = parse_config(document())
+    assert cluster_name("llama") == Pool(config.schedulers[0]).cluster_name
+
+
+# --- TLS files --------------------------------------------------------------
+
+
+def _sans(path: Path) -> set[str]:
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return {str(v) for v in san.get_values_for_type(x509.IPAddress)} | set(
+        san.get_values_for_type(x509.DNSName)
+    )
+
+
+def test_self_signed_is_created_reused_and_reissued(tmp_path: Path) -> None:
+    files = ensure_self_signed(tmp_path)
+    assert files.ca_cert is not None
+    assert {"localhost", "127.0.0.1", "::1"} <= _sans(files.cert)
+    assert files == generated_files(tmp_path)
+    assert files.ca_cert == tmp_path / "tls" / "ca.pem"  # the path igw and tests/procs.py use
+    for key in (files.key, tmp_path / "tls" / "ca-key.pem"):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    ca_before, cert_before = files.ca_cert.read_bytes(), files.cert.read_bytes()
+    again = ensure_self_signed(tmp_path)
+    assert again == files
+    assert files.cert.read_bytes() == cert_before  # reused
+    ensure_self_signed(tmp_path, hosts=("localhost", "gw.example.test"))
+    assert "gw.example.test" in _sans(files.cert)
+    assert files.ca_cert.read_bytes() == ca_before  # clients keep trusting the same CA
+    ca = x509.load_pem_x509_certificate(ca_before)
+    x509.load_pem_x509_certificate(files.cert.read_bytes()).verify_directly_issued_by(ca)

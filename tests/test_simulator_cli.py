@@ -1,0 +1,99 @@
+"""The simulator as a process: ready line, serving, clean exit on SIGTERM, exit on crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port_pair() -> int:
+    """A port p with p and p+1 both free right now."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair")
+
+
+def launch(*args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "simulator", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the ready line (or exit)
+    if not line.startswith("simulator ready"):
+        proc.kill()
+        raise AssertionError(f"no ready line: {line!r} {proc.communicate(timeout=5)}")
+    return proc
+
+
+def post(url: str, body: dict[str, object]) -> dict[str, object]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_cli_serves_until_sigterm() -> None:
+    port = free_port_pair()
+    proc = launch("--gpu", "h100,a10g", "--model", "m", "--port-base", str(port))
+    try:
+        assert proc.stdout is not None
+        for p in (port, port + 1):
+            answer = post(f"http://127.0.0.1:{p}/v1/chat/completions",
+                          {"model": "m", "max_tokens": 3,
+                           "messages": [{"role": "user", "content": "hi"}]})
+            assert answer["usage"]["completion_tokens"] == 3  # type: ignore[index]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_lone_pod_process_exits_on_crash(tmp_path: Path) -> None:
+    port = free_port_pair()
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"seed: 3\npods:\n  - {{name: solo, gpu: a100, model: qwen3-32b, "
+                     f"port: {port}, engine: sglang}}\n")
+    proc = launch("--fleet", str(fleet), "--time-scale", "10")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/state", timeout=5) as r:
+            state = json.loads(r.read())
+        assert state["profile"]["tensor_parallel"] == 2 and state["time_scale"] == 10
+        post(f"http://127.0.0.1:{port}/admin/faults", {"crash": True})
+        assert proc.wait(timeout=10) == 1
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_rejects_bad_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pods:\n  - {gpu: h100, model: m, speed: 11}\n")
+    assert main(["--fleet", str(bad)]) == 2
+    assert "speed" in capsys.readouterr().err
+    assert main(["--gpu", "h100", "--time-scale", "0.5"]) == 2
