@@ -1,7 +1,7 @@
 """What bbr costs per request: parse + resolve + prefix hashing, for 1 KB, 16 KB, 256 KB chats.
 
     python -m bench.bench_bbr            # table of µs per request (~20 s)
-    pytest bench/bench_bbr.py -p no:cacheprovider --benchmark-enable   # pytest-benchmark
+    pytest bench/bench_bbr.py -p no:cacheprovider --benchmark-only     # pytest-benchmark
 
 Every figure is printed next to a baseline measured in the same run (a bare
 `orjson.loads` of the same body), because this machine is shared and noisy:
@@ -34,11 +34,12 @@ LIMIT = 256 * 1024 * 1024
 MODEL_MAP = ModelMap.from_pools(
     [("llama-pool", "llama-3.1-8b", ["sql-lora"]), ("qwen-pool", "qwen-2.5-7b", [])]
 )
-_WORDS = (
+_TEXT = (
     "the router reads model from each body once then hashes the prompt prefix so "
     "requests sharing a system prompt land on the pod that already holds its cache "
     "latency throughput tokens queue kv lora adapter scheduler pool endpoint"
-).split()
+)
+_WORDS = tuple(_TEXT.split(" "))
 
 
 def chat_body(size: int, *, turns: int = 8, seed: int = 0, brackets: bool = False) -> bytes:

@@ -14,10 +14,10 @@ from pathlib import Path
 import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from igw_envoy.binary import find_envoy
-from igw_envoy.render import write_bootstrap
 
 from igw.supervisor import ChildSpec, Supervisor, run_until_signalled
+from igw_envoy.binary import find_envoy
+from igw_envoy.render import write_bootstrap
 from picker.config import GatewayConfig, load_config
 
 READY_TIMEOUT_S = 60.0

@@ -19,8 +19,8 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from igw_envoy.eds import write_endpoints
 
+from igw_envoy.eds import write_endpoints
 from picker.admin import AdminService
 from picker.config import ConfigError, GatewayConfig, load_config
 from picker.datalayer.collector import Collector

@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from bbr.model_map import ModelMap
-from bbr.prefix import prefix_hashes
-from bbr.request import parse_request
 
 from bbr import headers as hdr
 from bbr.errors import ApiError, InvalidRequest, NoReadyEndpoint, Overloaded
+from bbr.model_map import ModelMap
+from bbr.prefix import prefix_hashes
+from bbr.request import parse_request
 from picker.config import GatewayConfig
 from picker.datastore import Datastore, Pool
 from picker.gateway_metrics import GatewayMetrics
@@ -55,6 +55,7 @@ class Decision:
     base_model: str
     started: float
     row: int = -1
+    address: str = ""
     headers: list[tuple[str, str]] = field(default_factory=list)
     admission_wait: float | None = None
     status: int = 0
@@ -127,6 +128,21 @@ class Director:
         """Parse, resolve and pick; when the pool is saturated, return a decision
         that must wait in admission (`admission_wait` set) before it is picked."""
         started = time.monotonic()
+        decision = self._decision(body, info, started, count_errors=True)
+        pool = decision.pool
+        if self.saturated(pool, started):
+            if decision.request.sheddable:
+                self.metrics.shed(pool.name)
+                raise Overloaded(f"pool {pool.name} is saturated; request shed", retry_after=1)
+            decision.admission_wait = pool.config.saturation.queue_timeout_s
+            return decision
+        self._pick(decision, started)
+        return decision
+
+    def _decision(
+        self, body: bytes, info: RequestInfo, started: float, count_errors: bool
+    ) -> Decision:
+        """Parse the body once and resolve its pool: everything before the pick."""
         try:
             parsed = parse_request(
                 body,
@@ -138,7 +154,8 @@ class Director:
             route = self.model_map.resolve(parsed.model)
             priority, sheddable = _priority(info)
         except ApiError as exc:
-            self.metrics.rejected(exc.status)
+            if count_errors:
+                self.metrics.rejected(exc.status)
             raise
         pool = self.datastore.pools[route.pool]
         request = SchedulingRequest(
@@ -150,21 +167,23 @@ class Director:
             priority=priority,
             sheddable=sheddable,
         )
-        decision = Decision(
+        return Decision(
             pool=pool,
             scheduler=self.schedulers[pool.name],
             request=request,
             base_model=route.base_model,
             started=started,
         )
-        if pool_saturated(pool, started):
-            if sheddable:
-                self.metrics.shed(pool.name)
-                raise Overloaded(f"pool {pool.name} is saturated; request shed", retry_after=1)
-            decision.admission_wait = pool.config.saturation.queue_timeout_s
-            return decision
-        self._pick(decision, started)
-        return decision
+
+    def saturated(self, pool: Pool, now: float) -> bool:
+        """Saturated, or others already wait: a newcomer must not overtake them."""
+        queue = self.admission.get(pool.name)
+        return (queue is not None and len(queue) > 0) or pool_saturated(pool, now)
+
+    def explain(self, body: bytes, info: RequestInfo) -> dict:
+        """What routing this body would do now; nothing dispatched, nothing counted."""
+        decision = self._decision(body, info, time.monotonic(), count_errors=False)
+        return decision.scheduler.explain(decision.request, time.monotonic())
 
     async def admit(self, decision: Decision) -> None:
         """Wait for capacity (bounded queue, highest priority first), then pick."""
@@ -187,6 +206,7 @@ class Director:
                 retry_after=1,
             ) from exc
         decision.row = int(pick.rows[0])
+        decision.address = pick.addresses[0]
         decision.scheduler.on_dispatch(decision.row, decision.request, now)
         decision.headers = [
             (hdr.POOL, pool.name),
@@ -210,10 +230,14 @@ class Director:
         now = time.monotonic()
         ok = decision.status == 0 or decision.status < 500
         pool = decision.pool
-        if pool.row_address[decision.row] is not None:
-            decision.scheduler.on_complete(
-                decision.row, decision.request, now, now - decision.started, ok
-            )
+        decision.scheduler.on_complete(
+            decision.row,
+            decision.request,
+            now,
+            now - decision.started,
+            ok,
+            address=decision.address,
+        )
         self.metrics.completed(pool.name, decision.status)
         queue = self.admission.get(pool.name)
         if queue is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -428,3 +429,36 @@ def test_nesting_at_the_limit_is_parsed() -> None:
 )
 def test_max_nesting_depth_examples(text: bytes, depth: int) -> None:
     assert max_nesting_depth(text) == depth
+
+
+def test_error_param_indexes_are_exact() -> None:
+    msgs = [{"role": "user", "content": "a"}, {"role": "user", "content": ["a"]}]
+    assert rejects(InvalidRequest, chat(messages=msgs)).param == "messages[1].content[0]"
+    msgs = [{"role": "user", "content": [{"text": "a"}, {"text": 1}]}] * 3
+    assert rejects(InvalidRequest, chat(messages=msgs)).param == "messages[0].content[1].text"
+    items = [{"type": "function_call"}, {"role": "user", "content": 5}]
+    body = {"model": "r", "input": items}
+    assert rejects(InvalidRequest, body, path=RESPONSES).param == "input[1].content"
+    body = {"model": "m", "prompt": [[1], [2], [3, "x"]]}
+    assert rejects(InvalidRequest, body, path=COMPLETIONS).param == "prompt[2]"
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({"model": "m", "messages": [{"role": "u", "content": [{"text": "x"}]}] * 40_000}, CHAT),
+        ({"model": "m", "messages": [{"role": "u", "content": "x"}] * 40_000}, CHAT),
+        ({"model": "m", "prompt": [[1, 2, 3]] * 40_000}, COMPLETIONS),
+        ({"model": "m", "input": ["ab"] * 40_000}, EMBEDDINGS),
+        (
+            {"model": "m", "input": [{"role": "u", "content": "x"}, {"type": "f"}] * 20_000},
+            RESPONSES,
+        ),
+    ],
+)
+def test_many_items_parse_in_linear_time(body: dict[str, Any], path: str) -> None:
+    """Regression: per-item work must not rescan earlier items (was quadratic: ~20 s)."""
+    started = time.perf_counter()
+    req = parse(body, path, limit=1 << 26)
+    assert time.perf_counter() - started < 3.0
+    assert req.prompt_tokens > 0

@@ -40,6 +40,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
+
+from bbr import headers as hdr
 from igw_envoy import (
     EnvoyProcess,
     cluster_name,
@@ -48,8 +50,6 @@ from igw_envoy import (
     write_endpoints,
 )
 from igw_envoy.tls import generated_files, issue_server_cert, load_ca
-
-from bbr import headers as hdr
 from picker.config import parse_config
 
 try:

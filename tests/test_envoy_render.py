@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 from cryptography import x509
+
+from bbr import headers as hdr
 from igw_envoy import (
     EndpointError,
     EnvoyConfigError,
@@ -33,8 +35,6 @@ from igw_envoy import (
     write_endpoints,
 )
 from igw_envoy.eds import eds_path
-
-from bbr import headers as hdr
 from picker.config import GatewayConfig, parse_config
 from picker.datastore import Pool
 

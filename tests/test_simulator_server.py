@@ -75,6 +75,13 @@ async def warm_up(session: aiohttp.ClientSession, pod: PodServer) -> None:
         await r.read()
 
 
+async def best_ttft(session: aiohttp.ClientSession, pod: PodServer,
+                    bodies: list[dict[str, Any]]) -> float:
+    """The smallest TTFT of requests that the model gives the same TTFT, sent one by one:
+    delays from other processes on a shared machine only ever add."""
+    return min([(await stream(session, pod, body))[0] for body in bodies])
+
+
 def lone_ttft(pod: PodServer, prompt_tokens: int, extra_s: float = 0.0) -> float:
     """The model's TTFT for a request alone on an idle pod: one iteration with batch 1."""
     p = pod.profile
@@ -91,12 +98,13 @@ async def test_lone_request_ttft_matches_profile(session: aiohttp.ClientSession)
         for name in ("p", "slow"):
             pod = fleet.pod(name)
             await warm_up(session, pod)
-            content = "z" * 4000 + name
-            ttft, chunks, usage = await stream(session, pod, chat_body(content))
-            expected = lone_ttft(pod, user_tokens(content))
-            assert expected - 0.002 <= ttft <= expected + SLACK_S, (name, ttft, expected)
+            contents = [f"{k}" + "z" * 4000 for k in range(3)]  # distinct: no cache hits
+            _, chunks, usage = await stream(session, pod, chat_body("0" + contents[0]))
             assert chunks == 4 and usage["completion_tokens"] == 4
-            assert usage["prompt_tokens"] == user_tokens(content)
+            assert usage["prompt_tokens"] == user_tokens("0" + contents[0])
+            ttft = await best_ttft(session, pod, [chat_body(c) for c in contents])
+            expected = lone_ttft(pod, user_tokens(contents[0]))
+            assert expected - 0.002 <= ttft <= expected + SLACK_S, (name, ttft, expected)
         slow, fast = fleet.pod("slow").profile, fleet.pod("p").profile
         assert slow.prefill_tokens_per_s < fast.prefill_tokens_per_s
     finally:
@@ -108,12 +116,12 @@ async def test_time_scale_speeds_everything_up(session: aiohttp.ClientSession) -
     pod = fleet.pod("p")
     try:
         await warm_up(session, pod)
-        content = "t" * 8000
-        ttft, _, _ = await stream(session, pod, chat_body(content))
-        model = lone_ttft(pod, user_tokens(content))
+        contents = [f"{k}" + "t" * 8000 for k in range(3)]
+        ttft = await best_ttft(session, pod, [chat_body(c) for c in contents])
+        model = lone_ttft(pod, user_tokens(contents[0]))
         assert model / 4 - 0.002 <= ttft <= model / 4 + SLACK_S
         ttft_hist = pod.engine.state()["histograms"]["ttft"]
-        assert ttft_hist["sum"] == pytest.approx(model, abs=0.001)  # reported in model time
+        assert ttft_hist["sum"] / 3 == pytest.approx(model, abs=0.001)  # in model time
     finally:
         await fleet.stop()
 
@@ -139,14 +147,15 @@ async def test_overload_grows_queue_and_ttft(session: aiohttp.ClientSession) -> 
 
 
 async def test_repeated_prefix_hits_cache_and_cuts_ttft(session: aiohttp.ClientSession) -> None:
-    fleet = await start_fleet(pod_spec())
+    fleet = await start_fleet(pod_spec(lora_adapters=["ad"]))
     pod = fleet.pod("p")
     try:
         await warm_up(session, pod)
         shared = "".join(f"{i:08d}" for i in range(1000))  # 8000 chars ≈ 2000 tokens
         cold, _, cold_usage = await stream(session, pod, chat_body(shared + " first?"))
-        warm, _, warm_usage = await stream(session, pod, chat_body(shared + " second?"))
-        tokens = user_tokens(shared + " second?")
+        _, _, warm_usage = await stream(session, pod, chat_body(shared + " second?"))
+        warm = await best_ttft(session, pod, [chat_body(shared + f" again {k}?") for k in range(3)])
+        tokens = user_tokens(shared + " again 0?")
         cached = warm_usage["prompt_tokens_details"]["cached_tokens"]
         assert cold_usage["prompt_tokens_details"]["cached_tokens"] == 0
         assert cached == (len("<|user|>\n" + shared) // 64) * 16
@@ -154,8 +163,11 @@ async def test_repeated_prefix_hits_cache_and_cuts_ttft(session: aiohttp.ClientS
         assert expected_warm - 0.002 <= warm <= expected_warm + SLACK_S
         assert cold - warm > 0.8 * (cached / pod.profile.prefill_tokens_per_s)
         state = pod.engine.state()
-        assert state["prefix_cache_hits"] == cached
-        # A different model seed (an adapter) shares nothing with the base model's blocks.
+        assert state["prefix_cache_hits"] == 4 * cached  # every request after the first
+        # The chain is seeded by the served name: an adapter shares nothing with the base.
+        _, _, adapter_usage = await stream(session, pod, chat_body(shared + " again 0?",
+                                                                   model="ad"))
+        assert adapter_usage["prompt_tokens_details"]["cached_tokens"] == 0
     finally:
         await fleet.stop()
 
@@ -167,14 +179,14 @@ async def test_non_resident_lora_pays_load_delay(session: aiohttp.ClientSession)
         await warm_up(session, pod)
         load = pod.profile.lora_load_ms / 1000
         base = lone_ttft(pod, user_tokens("hello"))
-        first_a, _, _ = await stream(session, pod, chat_body("hello", model="a"))
-        again_a, _, _ = await stream(session, pod, chat_body("hello", model="a"))
-        first_b, _, _ = await stream(session, pod, chat_body("hello", model="b"))
-        assert base + load - 0.002 <= first_a <= base + load + SLACK_S
-        assert again_a <= base + SLACK_S
-        assert first_b >= base + load - 0.002
+        # One slot: alternating adapters load every time, repeating one never does.
+        loading = await best_ttft(session, pod, [chat_body("hello", model=m) for m in "aba"])
+        assert pod.engine.state()["lora_loads"] == 3
+        resident = await best_ttft(session, pod, [chat_body("hello", model="a")] * 3)
+        assert base + load - 0.002 <= loading <= base + load + SLACK_S
+        assert base - 0.002 <= resident <= base + SLACK_S
         state = pod.engine.state()
-        assert state["lora_loads"] == 2 and state["resident_lora_adapters"] == ["b"]
+        assert state["lora_loads"] == 3 and state["resident_lora_adapters"] == ["a"]
     finally:
         await fleet.stop()
 
@@ -361,8 +373,8 @@ async def test_health_error_and_slowdown_faults(session: aiohttp.ClientSession) 
                 statuses.append(r.status)
         assert set(statuses) == {200, 500}
         await post_faults(session, pod, {"error_status": None, "slowdown": 3})
-        ttft, _, _ = await stream(session, pod, chat_body("a" * 4000))
-        expected = 3 * lone_ttft(pod, user_tokens("a" * 4000))
+        ttft = await best_ttft(session, pod, [chat_body(f"{k}" + "a" * 4000) for k in range(3)])
+        expected = 3 * lone_ttft(pod, user_tokens("0" + "a" * 4000))
         assert expected - 0.002 <= ttft <= expected + SLACK_S
         async with session.post(pod.url + "/admin/faults", json={"slowdown": 0.5}) as r:
             assert r.status == 400

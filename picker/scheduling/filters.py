@@ -36,6 +36,10 @@ class PodFilter:
     def keep(self, ctx: ScoringContext) -> np.ndarray:
         return self.mask(ctx.pool, ctx.now)[ctx.rows]
 
+    def fallback(self, ctx: ScoringContext) -> np.ndarray:
+        """Who may still be routed to, degraded, when this filter would drop everyone."""
+        return np.ones(len(ctx.rows), dtype=bool)
+
 
 @register_filter
 class Ready(PodFilter):
@@ -67,7 +71,10 @@ class FreshMetrics(PodFilter):
     (an overloaded pod looking idle), so stale pods are skipped while any pod
     is fresh. When *every* ready pod is stale (the metrics source is down, not
     the pods) the gateway keeps routing, in degraded mode: least in-flight
-    requests by its own count, rather than failing the whole model.
+    requests by its own count, rather than failing the whole model. Pods whose
+    last scrape *failed* stay out even then: with direct scraping a refused or
+    timed-out scrape usually means the pod itself is gone (DESIGN §4: a failed
+    scrape marks the pod not ready), and a pool of such pods answers 503.
     """
 
     name: ClassVar[str] = "fresh-metrics"
@@ -77,6 +84,9 @@ class FreshMetrics(PodFilter):
     def mask(self, pool: Pool, now: float) -> np.ndarray:
         t = pool.table
         return t.metrics_ok & (t.scraped_at >= now - pool.config.metrics.stale_after_s)
+
+    def fallback(self, ctx: ScoringContext) -> np.ndarray:
+        return ctx.pool.table.scrape_failures[ctx.rows] == 0
 
 
 @register_filter

@@ -36,7 +36,11 @@ DEGRADED_PROFILE = "least-request"
 
 @dataclass(frozen=True, slots=True)
 class Pick:
-    """The chosen pod first, then distinct fallbacks, best first."""
+    """The chosen pod first, then distinct fallbacks, best first.
+
+    `scores` are the weighted totals (all 0.0 for the unscored baselines and
+    when there was a single candidate: nothing needed scoring).
+    """
 
     rows: tuple[int, ...]
     addresses: tuple[str, ...]
@@ -188,8 +192,12 @@ class Scheduler:
             if keep.all():
                 continue
             if f.degrade_when_empty and not keep.any():
-                degraded = True
-                continue
+                fallback = f.fallback(ctx)
+                if fallback.any():
+                    degraded = True
+                    if not fallback.all():
+                        ctx.narrow(fallback)
+                    continue
             if dropped is not None:
                 for row in ctx.rows[~keep].tolist():
                     dropped[row] = f.reason
