@@ -24,12 +24,30 @@ ADAPTERS = ["sql-lora", "chat-lora"]
 BODY_LIMIT = 8 * 1024 * 1024
 
 PODS = [
-    {"name": "llama-0", "gpu": "h100", "model": LLAMA, "engine": "vllm", "max_loras": 1,
-     "lora_adapters": ADAPTERS},
-    {"name": "llama-1", "gpu": "h100", "model": LLAMA, "engine": "vllm", "max_loras": 1,
-     "lora_adapters": ADAPTERS},
-    {"name": "llama-2", "gpu": "a100", "model": LLAMA, "engine": "vllm", "max_loras": 1,
-     "lora_adapters": ADAPTERS},
+    {
+        "name": "llama-0",
+        "gpu": "h100",
+        "model": LLAMA,
+        "engine": "vllm",
+        "max_loras": 1,
+        "lora_adapters": ADAPTERS,
+    },
+    {
+        "name": "llama-1",
+        "gpu": "h100",
+        "model": LLAMA,
+        "engine": "vllm",
+        "max_loras": 1,
+        "lora_adapters": ADAPTERS,
+    },
+    {
+        "name": "llama-2",
+        "gpu": "a100",
+        "model": LLAMA,
+        "engine": "vllm",
+        "max_loras": 1,
+        "lora_adapters": ADAPTERS,
+    },
     {"name": "qwen-0", "gpu": "h100", "model": QWEN, "engine": "sglang"},
 ]
 
@@ -40,12 +58,24 @@ def stack(tmp_path_factory):
     with sim_fleet(tmp, PODS, time_scale=20.0) as fleet:
         config = gateway_config(
             [
-                {"name": "llama", "modelName": LLAMA, "endpoints": fleet.addresses(LLAMA),
-                 "loraAdapters": ADAPTERS, "scheduler": "least-request"},
-                {"name": "qwen", "modelName": QWEN, "endpoints": fleet.addresses(QWEN),
-                 "engineType": "sglang"},
-                {"name": "dead", "modelName": "dead-model",
-                 "endpoints": [f"127.0.0.1:{free_port()}"]},
+                {
+                    "name": "llama",
+                    "modelName": LLAMA,
+                    "endpoints": fleet.addresses(LLAMA),
+                    "loraAdapters": ADAPTERS,
+                    "scheduler": "least-request",
+                },
+                {
+                    "name": "qwen",
+                    "modelName": QWEN,
+                    "endpoints": fleet.addresses(QWEN),
+                    "engineType": "sglang",
+                },
+                {
+                    "name": "dead",
+                    "modelName": "dead-model",
+                    "endpoints": [f"127.0.0.1:{free_port()}"],
+                },
             ],
             bbr={"enabled": True, "maxRequestBodyBytes": BODY_LIMIT},
         )
@@ -74,17 +104,25 @@ def served_by(fleet, response: httpx.Response) -> str:
 
 
 def chat(model: str, text: str = "hello", **extra) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 8,
-            **extra}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 8,
+        **extra,
+    }
 
 
 def test_chat_and_completions_with_openai_client(client):
-    reply = client.chat.completions.create(model=LLAMA, messages=[{"role": "user", "content": "hi"}],
-                                           max_tokens=5)
+    reply = client.chat.completions.create(
+        model=LLAMA, messages=[{"role": "user", "content": "hi"}], max_tokens=5
+    )
     assert reply.choices[0].message.content
     assert reply.usage.completion_tokens == 5
     stream = client.chat.completions.create(
-        model=LLAMA, messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True,
+        model=LLAMA,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=6,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -142,8 +180,9 @@ def _picks(gw) -> dict[str, int]:
     ],
 )
 def test_failure_table(http, body, status, needle):
-    r = http.post("/v1/chat/completions", content=body,
-                  headers={"content-type": "application/json"})
+    r = http.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert r.status_code == status, r.text
     assert r.headers["content-type"].startswith("application/json")
     err = r.json()["error"]
@@ -160,7 +199,8 @@ def test_client_routing_header_is_never_honoured(stack, http):
     for target in (qwen_pod, envoy_admin, f"{qwen_pod},{envoy_admin}"):
         for _ in range(3):
             r = http.post(
-                "/v1/chat/completions", json=chat(LLAMA),
+                "/v1/chat/completions",
+                json=chat(LLAMA),
                 headers={"x-gateway-destination-endpoint": target, "x-gateway-pool": "qwen"},
             )
             assert r.status_code == 200, r.text
@@ -171,8 +211,9 @@ def test_large_body_within_limit_and_over(http):
     # The bulk sits outside the prompt (a 5 MiB prompt would exceed the model's
     # context and get the engine's own 400): what is tested is the gateway's path.
     big = {"blob": "a" * (5 * 1024 * 1024)}
-    r = http.post("/v1/completions",
-                  json={"model": QWEN, "prompt": "hi", "max_tokens": 1, "metadata": big})
+    r = http.post(
+        "/v1/completions", json={"model": QWEN, "prompt": "hi", "max_tokens": 1, "metadata": big}
+    )
     assert r.status_code == 200, r.text[:200]
     over = "a" * (BODY_LIMIT + 1024)
     r = http.post("/v1/completions", json={"model": QWEN, "prompt": over, "max_tokens": 1})
