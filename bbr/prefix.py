@@ -21,6 +21,7 @@ costs ~0.35-0.45 µs per block here; xxhash is not a dependency.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from hashlib import blake2b
 
@@ -53,15 +54,16 @@ def model_seed(model: str) -> bytes:
     return blake2b(model.encode("utf-8", "surrogatepass"), digest_size=DIGEST_SIZE).digest()
 
 
-def _block_bounds(data: bytes, ascii_only: bool, blocks: int) -> list[int] | np.ndarray:
-    """Byte offsets of block starts (plus the end of the last block) in `data`."""
+def _block_bounds(data: bytes, ascii_only: bool, blocks: int) -> Sequence[int]:
+    """Byte offsets in `data` of the first `blocks` block starts, plus the end of the last."""
     if ascii_only:
-        return range(0, (blocks + 1) * BLOCK_CHARS, BLOCK_CHARS)  # type: ignore[return-value]
+        return range(0, (blocks + 1) * BLOCK_CHARS, BLOCK_CHARS)
     # A code point starts at every byte that is not a UTF-8 continuation byte.
     a = np.frombuffer(data, dtype=np.uint8)
     starts = np.flatnonzero((a & 0xC0) != 0x80)
-    bounds: list[int] = starts[::BLOCK_CHARS].tolist()  # `data` holds exactly `blocks` blocks
-    bounds.append(len(data))
+    bounds: list[int] = starts[: blocks * BLOCK_CHARS + 1 : BLOCK_CHARS].tolist()
+    if len(bounds) == blocks:  # no partial block after the last full one
+        bounds.append(len(data))
     return bounds
 
 
@@ -73,7 +75,9 @@ def prefix_hashes(model: str, prompt: str, max_blocks: int = DEFAULT_MAX_BLOCKS)
     blocks = min(len(prompt) // BLOCK_CHARS, max_blocks)
     if blocks <= 0:
         return _NO_HASHES
-    text = prompt[: blocks * BLOCK_CHARS]
+    # Encode only what is hashed; a tail shorter than a block is not worth a copy.
+    short = len(prompt) < (blocks + 1) * BLOCK_CHARS
+    text = prompt if short else prompt[: blocks * BLOCK_CHARS]
     data = text.encode("utf-8", "surrogatepass")
     bounds = _block_bounds(data, len(data) == len(text), blocks)
     copy = _EMPTY.copy

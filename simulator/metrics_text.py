@@ -88,7 +88,7 @@ def render_vllm(engine: Engine) -> bytes:
     out.counter_by("vllm:request_success_total", "Count of successfully processed requests.",
                    "finished_reason", stats.success)
     _lora_info(out, engine)
-    _cache_config(out, engine, "vllm")
+    _cache_config(out, engine)
     out.histogram("vllm:time_to_first_token_seconds",
                   "Histogram of time to first token in seconds.", stats.ttft)
     out.histogram("vllm:request_queue_time_seconds",
@@ -108,23 +108,24 @@ def render_vllm(engine: Engine) -> bytes:
 
 
 def _lora_info(out: _Text, engine: Engine) -> None:
-    """One series whose labels carry the adapter sets and whose value is the time: a reader
-    keeps the newest series, as with vLLM's own gauge."""
-    running, waiting = engine.lora_sets()
+    """One series per adapter-set combination seen recently, valued with the last time it
+    was current: a reader keeps the newest series, as with vLLM's own gauge."""
     out.lines.append("# HELP vllm:lora_requests_info Running stats on lora requests.")
     out.lines.append("# TYPE vllm:lora_requests_info gauge")
-    out.lines.append(
-        f'vllm:lora_requests_info{{max_lora="{engine.lora.max_loras}",'
-        f'running_lora_adapters="{escape(",".join(running))}",'
-        f'waiting_lora_adapters="{escape(",".join(waiting))}"}} {time.time()!r}'
-    )
+    max_lora = engine.lora.max_loras
+    for (running, waiting), stamp in engine.lora_info_series(time.time()):
+        out.lines.append(
+            f'vllm:lora_requests_info{{max_lora="{max_lora}",'
+            f'running_lora_adapters="{escape(running)}",'
+            f'waiting_lora_adapters="{escape(waiting)}"}} {stamp!r}'
+        )
 
 
-def _cache_config(out: _Text, engine: Engine, prefix: str) -> None:
-    out.lines.append(f"# HELP {prefix}:cache_config_info Information of the LLMEngine CacheConfig")
-    out.lines.append(f"# TYPE {prefix}:cache_config_info gauge")
+def _cache_config(out: _Text, engine: Engine) -> None:
+    out.lines.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+    out.lines.append("# TYPE vllm:cache_config_info gauge")
     out.lines.append(
-        f'{prefix}:cache_config_info{{block_size="{engine.profile.block_size}",'
+        f'vllm:cache_config_info{{block_size="{engine.profile.block_size}",'
         f'enable_prefix_caching="True",gpu_memory_utilization="0.9",'
         f'num_gpu_blocks="{engine.kv.num_blocks}",{out.labels}}} 1.0'
     )
@@ -146,7 +147,16 @@ def render_sglang(engine: Engine) -> bytes:
                stats.prompt_tokens)
     out.sample("sglang:generation_tokens_total", "counter",
                "Number of generation tokens processed.", stats.generation_tokens)
-    _cache_config(out, engine, "sglang")
+    out.lines.append("# HELP sglang:cache_config_info KV cache configuration.")
+    out.lines.append("# TYPE sglang:cache_config_info gauge")
+    out.lines.append(f'sglang:cache_config_info{{page_size="{engine.profile.block_size}",'
+                     f'num_pages="{engine.kv.num_blocks}",{out.labels}}} 1.0')
     out.histogram("sglang:time_to_first_token_seconds",
                   "Histogram of time to first token in seconds.", stats.ttft)
+    out.histogram("sglang:queue_time_seconds",
+                  "Histogram of time spent in the waiting queue in seconds.", stats.queue_time)
+    out.histogram("sglang:inter_token_latency_seconds",
+                  "Histogram of inter-token latency in seconds.", stats.itl)
+    out.histogram("sglang:e2e_request_latency_seconds",
+                  "Histogram of end-to-end request latency in seconds.", stats.e2e)
     return out.encode()

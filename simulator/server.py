@@ -94,12 +94,14 @@ class PodServer:
     async def start(self, faults: dict[str, Any] | None = None) -> None:
         """Fresh engine, faults set to ``faults`` (default: the spec's start-up faults), and
         the listener opened unless those faults include a crash."""
+        await self.engine.stop()  # the previous incarnation's loop, if any
         self.engine = self._new_engine()
-        self.engine.start()
         self.faults = FaultState()
         self.set_faults(self.spec.faults if faults is None else faults, at_start=True)
-        if not self.faults.crash:
-            await self._listen()
+        if self.faults.crash:  # crashed from the start: no engine loop, no listener
+            return
+        self.engine.start()
+        await self._listen()
 
     async def stop(self) -> None:
         await self.engine.stop()

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 import zlib
+from hashlib import blake2b
 from typing import Any
 
 CHARS_PER_TOKEN = 4
 BLOCK_TOKENS = 16
 BLOCK_CHARS = CHARS_PER_TOKEN * BLOCK_TOKENS
+_EMPTY = blake2b(digest_size=8)  # copying a primed hasher is cheaper than constructing one
 
 # Generated text is drawn from this fixed vocabulary: ASCII words that need no JSON escaping,
 # each one simulated token.
@@ -79,14 +81,25 @@ def block_hashes(text: str, seed: str) -> list[int]:
     """Chained hashes of the prompt's full 64-character blocks.
 
     Each hash covers the whole prefix up to its block (it is chained on the previous one) and
-    the chain is seeded by the served model name, so equal hashes mean an equal prefix for the
-    same model or adapter, as in vLLM's prefix cache.
+    the chain is seeded by the served model or adapter name, so equal hashes mean an equal
+    prefix for the same weights, as in vLLM's prefix cache. The function is the gateway's
+    (docs/bbr.md, "Prefix hashing": BLAKE2b-64, little-endian), so a hash the gateway routed on
+    names exactly the block this pod caches.
     """
-    prev = hash(seed)
+    prev = blake2b(seed.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    blocks = len(text) // BLOCK_CHARS
+    data = text.encode("utf-8", "surrogatepass")
+    ascii_only = len(data) == len(text)
     out: list[int] = []
-    for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
-        prev = hash((prev, text[start : start + BLOCK_CHARS]))
-        out.append(prev)
+    for i in range(blocks):
+        start = i * BLOCK_CHARS
+        chunk = (data[start : start + BLOCK_CHARS] if ascii_only
+                 else text[start : start + BLOCK_CHARS].encode("utf-8", "surrogatepass"))
+        h = _EMPTY.copy()
+        h.update(prev)
+        h.update(chunk)
+        prev = h.digest()
+        out.append(int.from_bytes(prev, "little"))
     return out
 
 

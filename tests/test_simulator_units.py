@@ -7,6 +7,7 @@ import asyncio
 import random
 from pathlib import Path
 
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -208,3 +209,24 @@ def test_example_fleet_file_is_valid() -> None:
     spec = load_fleet(Path(simulator.__file__).parent / "fleet-example.yaml")
     assert [p.gpu for p in spec.pods] == ["h100", "h100", "a100", "a10g", "l40s"]
     assert spec.pods[4].engine == "sglang" and spec.seed == 7
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "llama-3.1-8b", "messages": [
+        {"role": "system", "content": "You are terse. " * 20},
+        {"role": "user", "content": [{"type": "text", "text": "héllo wörld " * 30},
+                                     {"type": "image_url", "image_url": {"url": "x"}}]}]},
+    {"model": "sql-lora", "prompt": "SELECT * FROM t; " * 40},
+    {"model": "m", "prompt": list(range(100))},
+])
+def test_prompt_and_hashes_match_the_gateway(body: dict[str, object]) -> None:
+    """The contract of docs/bbr.md: the pod's prompt text, token count and block hashes are
+    the gateway's, so prefix affinity routes to the blocks a pod really holds."""
+    bbr = pytest.importorskip("bbr")
+    chat = "messages" in body
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    req = bbr.parse_request(orjson.dumps(body), path, "application/json", None, 1 << 20)
+    text = chat_prompt_text(body["messages"]) if chat else completion_prompt_text(body["prompt"])
+    assert text == req.prompt and count_tokens(text) == req.prompt_tokens
+    model = str(body["model"])
+    assert block_hashes(text, model) == bbr.prefix_hashes(model, text).tolist()

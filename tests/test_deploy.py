@@ -1,0 +1,354 @@
+"""The Helm chart, the plain manifests and the examples: in sync, valid, least privilege.
+
+No cluster and no helm binary here. Instead:
+- objects are validated offline against the Kubernetes OpenAPI schemas that
+  `kubernetes-validate` bundles (strict: unknown fields are errors);
+- the chart is rendered by Helm's own Go engine through `helm-python-sdk`
+  (when installed): its default render must equal deploy/manifests/, and
+  variants (TLS Secret, config resource, other pod namespace, discovery off)
+  are rendered and checked too;
+- without that package, deploy/manifests/ is still compared with values.yaml
+  field by field, so neither can drift silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import kubernetes_validate
+import pytest
+import yaml
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from picker.config import parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+CHART = DEPLOY / "helm" / "inference-gateway"
+MANIFESTS = DEPLOY / "manifests"
+EXAMPLES = DEPLOY / "examples"
+KUBE_VERSIONS = ("1.30.0", "1.33.0")  # oldest EKS version the chart targets, and a newer one
+NLB_ANNOTATIONS = {
+    "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+    "service.beta.kubernetes.io/aws-load-balancer-type": "external",
+    "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+}
+
+sys.path.insert(0, str(DEPLOY))
+import render_manifests  # noqa: E402
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def manifests() -> list[dict[str, Any]]:
+    return [o for p in sorted(MANIFESTS.glob("*.yaml")) for o in load_all(p)]
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (obj,) = by_kind(objs, kind)
+    return obj
+
+
+def values() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def chart() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "Chart.yaml").read_text())
+
+
+def container(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env_of(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(objs)["env"]}
+
+
+def validate_k8s(obj: dict[str, Any]) -> None:
+    for version in KUBE_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            name = f"{obj['kind']}/{obj['metadata'].get('name')}"
+            raise AssertionError(f"{name} invalid for Kubernetes {version}: {exc}") from None
+
+
+def render(values: dict[str, Any] | None = None, namespace: str = "models") -> list:
+    pytest.importorskip("helm_python")
+    return render_manifests.objects(render_manifests.render_chart(values, namespace=namespace))
+
+
+# -- plain manifests: valid, and the same as the chart's values -------------------------
+
+
+def test_manifests_and_examples_are_valid_kubernetes_objects():
+    objs = manifests() + [o for p in sorted(EXAMPLES.glob("*.yaml")) for o in load_all(p)]
+    kinds = set()
+    for obj in objs:
+        if obj["kind"] == "InferenceGatewayConfig":
+            continue  # a custom resource: checked against the CRD in test_deploy_crd.py
+        validate_k8s(obj)
+        kinds.add(obj["kind"])
+    assert kinds >= {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ConfigMap",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    }
+
+
+def test_manifests_match_values():
+    objs, vals = manifests(), values()
+    deployment = one(objs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(objs)
+    tag = vals["image"]["tag"] or chart()["appVersion"]
+    assert c["image"] == f"{vals['image']['repository']}:{tag}"
+    assert c["imagePullPolicy"] == vals["image"]["pullPolicy"]
+    assert deployment["spec"]["replicas"] == vals["replicaCount"]
+    assert c["resources"] == vals["resources"]
+    assert c["securityContext"] == vals["securityContext"]
+    assert pod["securityContext"] == vals["podSecurityContext"]
+    assert pod["terminationGracePeriodSeconds"] == vals["terminationGracePeriodSeconds"]
+    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] == vals["preStopSleepSeconds"]
+    for probe in ("startup", "readiness", "liveness"):
+        for key, value in vals["probes"][probe].items():
+            assert c[f"{probe}Probe"][key] == value, (probe, key)
+    assert c["command"][:5] == ["igw", "--log-level", vals["logLevel"], "serve", "--config"]
+    assert c["command"][5] == "/etc/igw/config.yaml"
+    assert c["ports"] == [
+        {
+            "name": "https",
+            "containerPort": vals["config"]["spec"]["listener"]["port"],
+            "protocol": "TCP",
+        }
+    ]
+    service = one(objs, "Service")
+    assert service["metadata"]["annotations"] == vals["service"]["annotations"]
+    assert service["spec"]["type"] == vals["service"]["type"]
+    assert service["spec"]["ports"][0]["port"] == vals["service"]["port"]
+    pdb = one(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == vals["podDisruptionBudget"]["maxUnavailable"]
+    config = yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])
+    assert config == vals["config"]
+    assert env_of(objs)["IGW_DISCOVERY"] == (
+        "kubernetes" if vals["discovery"]["enabled"] else "off"
+    )
+    assert env_of(objs)["IGW_DISCOVERY_RESYNC"] == str(vals["discovery"]["resyncSeconds"])
+    crd = one(objs, "CustomResourceDefinition")
+    assert crd == yaml.safe_load((CHART / "crds" / "inferencegatewayconfigs.yaml").read_text())
+
+
+def test_manifests_are_the_chart_rendered_with_defaults():
+    pytest.importorskip("helm_python")
+    wanted = render_manifests.manifest_files()
+    present = {p.name: p.read_text() for p in MANIFESTS.glob("*.yaml")}
+    assert present == wanted, "deploy/manifests/ is stale: run python deploy/render_manifests.py"
+
+
+def test_helm_lint_is_clean():
+    helm = pytest.importorskip("helm_python")
+    report = helm.lint(CHART, strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+# -- what the objects say -----------------------------------------------------------------
+
+
+def test_gateway_config_is_valid_for_the_picker():
+    config = parse_config(yaml.safe_load(one(manifests(), "ConfigMap")["data"]["config.yaml"]))
+    assert [s.match_labels for s in config.schedulers] == [{"app": "vllm-llama"}]
+
+
+def test_service_is_an_internal_nlb_to_pod_ips():
+    service = one(manifests(), "Service")
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert NLB_ANNOTATIONS.items() <= service["metadata"]["annotations"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == "https"
+    deployment = one(manifests(), "Deployment")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_pod_runs_non_root_with_probes_and_spread():
+    objs = manifests()
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    c = container(objs)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["readinessProbe"]["httpGet"] == {
+        "path": "/healthz",
+        "port": "https",
+        "scheme": "HTTPS",
+    }
+    assert c["livenessProbe"]["exec"]["command"][:2] == ["python", "-c"]
+    preferred = pod["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert preferred[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert "subPath" not in mounts["/etc/igw"]  # ConfigMap updates must reach the file
+
+
+def test_rbac_is_namespaced_read_only():
+    objs = manifests()
+    assert not by_kind(objs, "ClusterRole") and not by_kind(objs, "ClusterRoleBinding")
+    role = one(objs, "Role")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = one(objs, "RoleBinding")
+    sa = one(objs, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "inference-gateway"}
+    ]
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_vllm_example_matches_the_gateway_config():
+    (deployment,) = load_all(EXAMPLES / "vllm-llama.yaml")
+    pod = deployment["spec"]["template"]
+    (c,) = pod["spec"]["containers"]  # no sidecar
+    assert pod["metadata"]["labels"]["app"] == "vllm-llama"
+    assert c["ports"][0]["containerPort"] == 8000
+    assert (
+        c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"]
+    )
+    (config,) = load_all(EXAMPLES / "gateway-config.yaml")
+    sched = parse_config(config).schedulers[0]
+    assert sched.match_labels.items() <= pod["metadata"]["labels"].items()
+    assert sched.target_port == 8000
+    assert f"--served-model-name={sched.model_name}" in c["args"]
+
+
+def test_liveness_command_checks_the_pickers_grpc_health():
+    """Run the probe's own command against a gRPC health server: SERVING → 0, else non-zero."""
+    command = container(manifests())["livenessProbe"]["exec"]["command"]
+    assert command[0] == "python"
+    from tests.procs import free_port
+
+    port = free_port()
+    script = command[2].replace("127.0.0.1:9002", f"127.0.0.1:{port}")
+    assert script != command[2]
+
+    async def scenario() -> list[int]:
+        server = grpc.aio.server()
+        servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        codes = []
+        try:
+            for status in (
+                health_pb2.HealthCheckResponse.SERVING,
+                health_pb2.HealthCheckResponse.NOT_SERVING,
+            ):
+                await servicer.set("", status)
+                codes.append(await probe())
+        finally:
+            await server.stop(None)
+        codes.append(await probe())  # nothing listening
+        return codes
+
+    async def probe() -> int:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, stderr=subprocess.DEVNULL
+        )
+        return await asyncio.wait_for(proc.wait(), 20)
+
+    serving, not_serving, down = asyncio.run(scenario())
+    assert serving == 0 and not_serving != 0 and down != 0
+
+
+# -- chart variants (rendered by Helm's engine) ------------------------------------------
+
+
+def test_chart_default_render_is_valid():
+    objs = render()
+    for obj in objs:
+        validate_k8s(obj)
+    assert one(objs, "Deployment")["metadata"]["namespace"] == "models"
+
+
+def test_chart_with_tls_secret_and_config_resource():
+    objs = render({"tls": {"secretName": "gw-tls"}, "configResource": {"enabled": True}})
+    for obj in objs:
+        validate_k8s(obj)
+    c = container(objs)
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "tls", "mountPath": "/etc/igw-tls", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "gw-tls"}} in pod["volumes"]
+    config = parse_config(yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"]))
+    assert config.tls.certificate_file == "/etc/igw-tls/tls.crt"
+    assert config.tls.key_file == "/etc/igw-tls/tls.key"
+    env = env_of(objs)
+    assert env["IGW_CONFIG_RESOURCE"] == "models/my-gateway"
+    assert env["IGW_CONFIG_STATUS"] == "true"
+    rules = one(objs, "Role")["rules"]
+    assert {
+        "apiGroups": ["inference-gateway.io"],
+        "resources": ["inferencegatewayconfigs"],
+        "verbs": ["get", "list", "watch"],
+    } in rules
+    assert {
+        "apiGroups": ["inference-gateway.io"],
+        "resources": ["inferencegatewayconfigs/status"],
+        "resourceNames": ["my-gateway"],
+        "verbs": ["patch"],
+    } in rules
+
+
+def test_chart_with_pods_in_another_namespace():
+    objs = render({"discovery": {"podNamespace": "vllm"}})
+    for obj in objs:
+        validate_k8s(obj)
+    assert not by_kind(objs, "ClusterRole")
+    (role,) = by_kind(objs, "Role")
+    assert role["metadata"]["namespace"] == "vllm"
+    assert role["rules"][0]["resources"] == ["pods"]
+    (binding,) = by_kind(objs, "RoleBinding")
+    assert binding["metadata"]["namespace"] == "vllm"
+    assert binding["subjects"][0]["namespace"] == "models"
+    assert env_of(objs)["IGW_POD_NAMESPACE"] == "vllm"
+
+
+def test_chart_without_discovery_grants_nothing():
+    static = {
+        "apiVersion": "inference-gateway.io/v1alpha1",
+        "kind": "InferenceGatewayConfig",
+        "metadata": {"name": "static"},
+        "spec": {
+            "schedulers": [{"name": "a", "modelName": "m", "endpoints": ["10.1.2.3:8000"]}],
+            "listener": {"port": 9443},
+            "ports": {"picker": 9102},
+        },
+    }
+    objs = render({"discovery": {"enabled": False}, "config": static})
+    assert not by_kind(objs, "Role") and not by_kind(objs, "RoleBinding")
+    assert env_of(objs)["IGW_DISCOVERY"] == "off"
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    c = container(objs)
+    assert c["ports"][0]["containerPort"] == 9443
+    assert "127.0.0.1:9102" in c["livenessProbe"]["exec"]["command"][2]
