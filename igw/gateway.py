@@ -41,7 +41,8 @@ def gateway_children(
 
     def render() -> None:
         config = effective_config(load_config(config_path), port)
-        write_bootstrap(config, state_dir)
+        # Access log on stderr: stdout belongs to the ready line (the URL).
+        write_bootstrap(config, state_dir, access_log="/dev/stderr")
 
     render()
     picker = ChildSpec(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m picker")
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--state-dir", required=True, type=Path)
-    parser.add_argument("--host", default="127.0.0.1", help="address the gRPC/metrics ports bind")
+    parser.add_argument("--host", default="127.0.0.1", help="address the gRPC ports bind")
+    parser.add_argument(
+        "--metrics-host",
+        default=os.environ.get("IGW_METRICS_HOST"),
+        help="address the Prometheus /metrics port binds (default: --host; "
+        "env IGW_METRICS_HOST), e.g. 0.0.0.0 so an in-cluster Prometheus can scrape it",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -27,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
     try:
-        app = PickerApp(args.config, args.state_dir, host=args.host)
+        app = PickerApp(
+            args.config, args.state_dir, host=args.host, metrics_host=args.metrics_host
+        )
     except ConfigError as exc:
         print(f"picker: invalid config: {exc}", file=sys.stderr)
         return 2

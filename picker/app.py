@@ -40,10 +40,17 @@ DRAIN_TIMEOUT_S = 30.0
 class PickerApp:
     """Owns every long-lived task of the picker process."""
 
-    def __init__(self, config_path: Path, state_dir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        state_dir: Path,
+        host: str = "127.0.0.1",
+        metrics_host: str | None = None,
+    ) -> None:
         self.config_path = config_path
         self.state_dir = state_dir
         self.host = host
+        self.metrics_host = metrics_host or host
         self.config = load_config(config_path)
         self._config_mtime = _mtime(config_path)
         self.metrics = GatewayMetrics()
@@ -125,7 +132,7 @@ class PickerApp:
         app.router.add_get("/healthz", self._serve_health)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, self.host, self.config.metrics_port).start()
+        await web.TCPSite(runner, self.metrics_host, self.config.metrics_port).start()
         return runner
 
     async def _serve_metrics(self, _request: web.Request) -> web.Response:

@@ -289,7 +289,9 @@ class Engine:
         stats = self.stats
         itl_batch = 0
         finished: list[SimRequest] = []
-        for req in self.running:
+        # Newest first: the requests getting their first token were admitted last, and their
+        # handlers should write before the decode streams' (TTFT is what routing is judged by).
+        for req in reversed(self.running):
             if req.generated == 0:
                 self._first_token(req, end)
             elif req.last_token_at == start:

@@ -42,6 +42,7 @@ from simulator.tokens import (
 
 DEFAULT_MAX_TOKENS = 128
 HANG_LIMIT_S = 600.0  # a hung request is answered 504 after this long, never held forever
+REQUEST_LIMIT_S = 3600.0  # wall-time bound on one request once queued (slow or stuck client)
 SHUTDOWN_TIMEOUT_S = 1.0
 CRASH_DELAY_S = 0.02  # lets the admin response that asked for a crash reach its client
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -327,8 +328,10 @@ class PodServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        with contextlib.suppress(ConnectionResetError):  # client gone or pod crashed
-            await self._write_tokens(resp, req, fmt, offset)
+        # Client gone, pod crashed, or a client that stopped reading held us past the bound.
+        with contextlib.suppress(ConnectionResetError, TimeoutError):
+            async with asyncio.timeout(REQUEST_LIMIT_S):
+                await self._write_tokens(resp, req, fmt, offset)
         return resp
 
     async def _write_tokens(self, resp: web.StreamResponse, req: SimRequest,
@@ -353,8 +356,12 @@ class PodServer:
 
     async def _respond(self, req: SimRequest, chat: bool, model: str,
                        offset: int) -> web.Response:
-        while not req.finished:
-            await req.progress()
+        try:
+            async with asyncio.timeout(REQUEST_LIMIT_S):
+                while not req.finished:
+                    await req.progress()
+        except TimeoutError:
+            return _error(504, "request took too long", "TimeoutError")
         if req.error is not None:
             return _error(503, req.error, "ServiceUnavailableError")
         self.engine.record_lateness(req.finished_at)

@@ -24,6 +24,7 @@ from picker.datalayer.collector import CollectorOptions, MetricsCollector
 from picker.datalayer.engines import VLLM, Signal
 from picker.datalayer.prometheus_source import (
     SAMPLED_AT,
+    SAMPLED_AT_END,
     PrometheusPoolSource,
     PrometheusSourceOptions,
     build_queries,
@@ -52,7 +53,9 @@ def test_regex_escape_leaves_addresses_matchable() -> None:
 
 def test_build_queries_one_per_signal_plus_sample_time() -> None:
     queries = build_queries(VLLM, ["10.0.0.2:8000", "10.0.0.1:8000"], selector='job="vllm"')
-    assert set(queries) == {s.value for s in VLLM.signals()} | {SAMPLED_AT}
+    assert set(queries) == {s.value for s in VLLM.signals()} | {SAMPLED_AT, SAMPLED_AT_END}
+    keys = list(queries)
+    assert keys[0] == SAMPLED_AT and keys[-1] == SAMPLED_AT_END  # they bracket the rest
     kv = queries[Signal.KV_USAGE.value]
     assert kv == ("{__name__=~`vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc`,"
                   r"instance=~`10\.0\.0\.1:8000|10\.0\.0\.2:8000`,job=" + '"vllm"}')
@@ -79,6 +82,7 @@ def test_fold_answers_groups_by_instance_and_resolves_like_the_parser() -> None:
             _series("vllm:lora_requests_info", "a:1", 9, running_lora_adapters="new",
                     waiting_lora_adapters="", max_lora="2")],
         SAMPLED_AT: [{"metric": {"instance": "a:1"}, "value": [1.0, "1699999999.5"]}],
+        SAMPLED_AT_END: [{"metric": {"instance": "a:1"}, "value": [1.0, "1699999999.5"]}],
         "ttft_sum": [{"metric": {"__name__": "vllm:time_to_first_token_seconds_sum"},
                       "value": [1.0, "5"]}],  # no instance label: ignored
     }
@@ -87,7 +91,7 @@ def test_fold_answers_groups_by_instance_and_resolves_like_the_parser() -> None:
     a = folds["a:1"].builder.build()
     assert (a.get(Signal.WAITING), a.get(Signal.KV_USAGE)) == (3, 0.2)
     assert a.lora is not None and a.lora.running == ("new",)
-    assert folds["a:1"].sampled_at == 1699999999.5
+    assert folds["a:1"].sampled_at == 1699999999.5 and folds["a:1"].consistent
     assert folds["b:1"].builder.build().get(Signal.WAITING) == 4
 
 
@@ -142,7 +146,7 @@ async def test_source_writes_rows_marks_absent_pods_and_uses_sample_age() -> Non
         assert time.monotonic() - t.scraped_at[a] == pytest.approx(3.0, abs=0.5)
         assert not t.metrics_ok[b]
         assert counters.get("p", "b:1").failed == 1  # type: ignore[union-attr]
-        assert len(client.queries) == len(VLLM.signals()) + 1
+        assert len(client.queries) == len(VLLM.signals()) + 2
         # same sample time again: nothing new is written (and `dispatched` is kept)
         t.dispatched[a] = 5
         await source.poll_once()
@@ -150,6 +154,30 @@ async def test_source_writes_rows_marks_absent_pods_and_uses_sample_age() -> Non
         stamp[0] += 1.0
         await source.poll_once()
         assert t.dispatched[a] == 0
+    finally:
+        source.close()
+
+
+async def test_a_scrape_landing_mid_cycle_is_not_written() -> None:
+    """Old gauges with new counters must never reach the row."""
+    pool = _pool(["a:1"])
+    stamps = iter([100.0, 101.0, 101.0, 101.0])  # first ask, last ask, then a whole cycle
+    answer = _fake_answers([0.0])
+
+    def moving(query: str) -> list[dict[str, Any]]:
+        if query.startswith("timestamp("):
+            return [{"metric": {"instance": "a:1"}, "value": [0, str(next(stamps))]}]
+        return answer(query)
+
+    source = PrometheusPoolSource(pool, counters=ScrapeCounters(), learner=SpeedLearner(),
+                                  options=PrometheusSourceOptions(
+                                      client_factory=lambda url, timeout: FakeClient(moving)))
+    row = pool.pods["a:1"].row
+    try:
+        await source.poll_once()
+        assert not pool.table.metrics_ok[row] and pool.table.waiting[row] == 0
+        await source.poll_once()
+        assert pool.table.metrics_ok[row] and pool.table.waiting[row] == 3
     finally:
         source.close()
 

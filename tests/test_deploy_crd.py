@@ -400,3 +400,14 @@ def test_cel_rules_reject_what_the_picker_rejects(name):
     assert crd_errors(doc) == []  # structurally fine...
     failures = cel_failures(doc)  # ...but a rule refuses it
     assert any(message in f for f in failures), failures
+
+
+def test_status_written_by_the_picker_fits_the_schema():
+    from picker.discovery.config_resource import Outcome, status_patch
+
+    schema = to_json_schema(open_api_schema()["properties"]["status"])
+    for outcome in (Outcome(True, "Applied", "ok"), Outcome(False, "Invalid", "spec.x: bad")):
+        status = status_patch(outcome, generation=3, pools=2)["status"]
+        jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker()).validate(
+            status
+        )

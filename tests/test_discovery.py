@@ -641,6 +641,7 @@ async def test_config_resource_applies_and_refuses(api: MockApiServer):
             "Applied",
         )
         assert api.patches[0]["status"]["observedGeneration"] == 1
+        assert api.patches[0]["status"]["pools"] == 1
 
         # a new scheduler with its own selector: applied, a new watch feeds it
         new = copy.deepcopy(cr)
@@ -657,6 +658,7 @@ async def test_config_resource_applies_and_refuses(api: MockApiServer):
         await until(lambda: picker.members("qwen") == ["10.0.2.1:8000"], what="qwen members")
         await until(lambda: len(api.patches) == 2)
         assert api.patches[1]["status"]["observedGeneration"] == 2
+        assert api.patches[1]["status"]["pools"] == 2
 
         # invalid: refused, running config kept, status says which field
         bad = copy.deepcopy(new)
@@ -668,6 +670,7 @@ async def test_config_resource_applies_and_refuses(api: MockApiServer):
         condition = api.patches[2]["status"]["conditions"][0]
         assert condition["status"] == "False" and condition["reason"] == "Invalid"
         assert "spec.schedulers[1].scheduler" in condition["message"]
+        assert api.patches[2]["status"]["pools"] == 2  # what is still being served
 
         # valid but needing a restart: refused by the picker, status NotApplied
         restart = copy.deepcopy(new)

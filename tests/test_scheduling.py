@@ -303,8 +303,22 @@ def test_dispatch_and_complete_account_work_never_below_zero():
     sched.on_complete(1, r, NOW + 2, 1.0, True)
     sched.on_complete(1, r, NOW + 2, 1.0, True)  # a duplicate end must not go negative
     assert (t.inflight[1], t.outstanding_prefill[1], t.outstanding_decode[1]) == (0, 0, 0)
-    assert t.dispatched[1] == 1  # only a scrape resets what the scrape had not seen
+    # It ended before any scrape saw it: it will never show in `waiting`, so the
+    # since-scrape count drops too (never below zero on the duplicate end).
+    assert t.dispatched[1] == 0
     assert sched.state.spt[1] == pytest.approx(1.0 / 340)
+
+
+def test_completion_seen_by_a_scrape_leaves_the_scrape_count_alone():
+    pool = make_pool(2)
+    sched = Scheduler(pool)
+    r = SchedulingRequest("m", None, 300, 40, np.empty(0, np.uint64))
+    sched.on_dispatch(1, r, NOW + 1)
+    sched.on_dispatch(1, r, NOW + 1)
+    pool.mark_scrape(1, True, now=NOW + 1.5)  # the scrape saw both; zeroes the count
+    sched.on_dispatch(1, r, NOW + 1.6)  # one more since that scrape
+    sched.on_complete(1, r, NOW + 2, 1.0, True)  # dispatched at NOW + 1: seen by the scrape
+    assert pool.table.dispatched[1] == 1
 
 
 def test_complete_for_a_reused_row_is_ignored_when_address_given():

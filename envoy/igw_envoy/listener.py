@@ -203,7 +203,7 @@ def ext_proc_filter(config: GatewayConfig) -> dict:
             "status_on_error": {"code": "ServiceUnavailable"},
             "processing_mode": {
                 "request_header_mode": "SEND",
-                "response_header_mode": "SKIP",
+                "response_header_mode": __import__("os").environ.get("IGW_EXP_RESP","SKIP"),
                 "request_body_mode": "BUFFERED",
                 "response_body_mode": "NONE",
                 "request_trailer_mode": "SKIP",

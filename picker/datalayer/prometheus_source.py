@@ -2,9 +2,10 @@
 
 For fleets whose `/metrics` already flow into Prometheus: per pool and cycle,
 one instant query per signal (`{__name__=~"<the engine's names>",
-instance=~"<the pool's pods>"}`) plus one `timestamp(...)` query giving the
-age of each pod's last sample (an instant query reports the evaluation time,
-not the sample's, so the age needs asking for). Series are mapped back to
+instance=~"<the pool's pods>"}`), between two `timestamp(...)` queries that
+give the time of each pod's last sample (an instant query reports the
+evaluation time, not the sample's) and reveal a pod scraped mid-cycle, whose
+answers would mix two scrapes and are left for the next poll. Series are mapped back to
 pods by the `instance` label (`host:port`, Prometheus' default) and folded by
 the same `SnapshotBuilder` and written by the same `write_snapshot` as the
 direct collector, so both sources fill identical columns.
@@ -40,7 +41,8 @@ from picker.datastore import Pool
 
 log = logging.getLogger(__name__)
 
-SAMPLED_AT = "sampled_at"  # the query key of the sample-age query
+SAMPLED_AT = "sampled_at"  # the sample-time query, asked first ...
+SAMPLED_AT_END = "sampled_at_end"  # ... and again last: a change means a scrape landed mid-cycle
 _RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
 
 
@@ -84,19 +86,22 @@ def regex_escape(text: str) -> str:
 
 def build_queries(profile: EngineProfile, addresses: Iterable[str],
                   instance_label: str = "instance", selector: str = "") -> dict[str, str]:
-    """One instant query per signal, plus `sampled_at`: per pod, when its sample was taken.
+    """One instant query per signal, between two asks of when each pod's sample was taken.
 
+    The queries run one after another, so Prometheus may store a new scrape of
+    a pod between two of them; the sample time asked first and last tells
+    (see `PodFold.consistent`). Queries run in the returned dict's order.
     Backtick strings are raw in PromQL, so the regexes need no second escaping.
     """
     instances = "|".join(regex_escape(a) for a in sorted(addresses))
     extra = f",{selector}" if selector else ""
-    queries: dict[str, str] = {}
+    waiting = "|".join(regex_escape(n) for n in profile.metric_names(Signal.WAITING))
+    sampled_at = f"timestamp({{__name__=~`{waiting}`,{instance_label}=~`{instances}`{extra}}})"
+    queries: dict[str, str] = {SAMPLED_AT: sampled_at}
     for signal in profile.signals():
         names = "|".join(regex_escape(n) for n in profile.metric_names(signal))
         queries[signal.value] = f"{{__name__=~`{names}`,{instance_label}=~`{instances}`{extra}}}"
-    waiting = "|".join(regex_escape(n) for n in profile.metric_names(Signal.WAITING))
-    queries[SAMPLED_AT] = (
-        f"timestamp({{__name__=~`{waiting}`,{instance_label}=~`{instances}`{extra}}})")
+    queries[SAMPLED_AT_END] = sampled_at
     return queries
 
 
@@ -106,6 +111,12 @@ class PodFold:
 
     builder: SnapshotBuilder
     sampled_at: float = -math.inf
+    sampled_at_end: float = -math.inf
+
+    @property
+    def consistent(self) -> bool:
+        """All answers describe the same scrape of the pod (none landed mid-cycle)."""
+        return self.sampled_at == self.sampled_at_end
 
 
 def fold_answers(profile: EngineProfile, answers: dict[str, list[dict[str, Any]]],
@@ -124,6 +135,9 @@ def fold_answers(profile: EngineProfile, answers: dict[str, list[dict[str, Any]]
                 fold = folds[instance] = PodFold(SnapshotBuilder(profile))
             if key == SAMPLED_AT:
                 fold.sampled_at = max(fold.sampled_at, value)
+                continue
+            if key == SAMPLED_AT_END:
+                fold.sampled_at_end = max(fold.sampled_at_end, value)
                 continue
             name = labels.get("__name__")
             if name not in profile.names:
@@ -236,6 +250,8 @@ class PrometheusPoolSource:
                 pool.mark_scrape(pod.row, False)
                 self.counters.record(pool.name, address, False, duration, str(exc)[:200])
                 continue
+            if not fold.consistent:
+                continue  # a scrape landed between our queries: the next poll is whole
             if fold.sampled_at <= self._last_sample.get(address, -math.inf):
                 continue  # Prometheus has not scraped the pod since our last poll
             self._last_sample[address] = fold.sampled_at

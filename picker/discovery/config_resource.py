@@ -67,7 +67,8 @@ def evaluate(obj: dict[str, Any], apply: Any) -> tuple[GatewayConfig | None, Out
 
 
 def status_patch(outcome: Outcome, generation: int | None, pools: int) -> dict[str, Any]:
-    """A merge patch for `.status`: one Accepted condition, the generation it is about."""
+    """A merge patch for `.status`: one Accepted condition, the generation it is about,
+    and how many pools the gateway serves now (the previous config's when refused)."""
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     condition: dict[str, Any] = {
         "type": CONDITION,
@@ -76,10 +77,8 @@ def status_patch(outcome: Outcome, generation: int | None, pools: int) -> dict[s
         "message": outcome.message,
         "lastTransitionTime": now,
     }
-    status: dict[str, Any] = {"conditions": [condition]}
+    status: dict[str, Any] = {"conditions": [condition], "pools": pools}
     if generation is not None:
         condition["observedGeneration"] = generation
         status["observedGeneration"] = generation
-    if outcome.accepted:
-        status["pools"] = pools
     return {"status": status}

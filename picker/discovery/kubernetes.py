@@ -181,16 +181,22 @@ class KubernetesDiscovery:
                 config=kubeconfig, timeout=httpx2.Timeout(REQUEST_TIMEOUT_S), http2=True
             )
         self.pod_namespace = self._settings.pod_namespace or self._client.namespace
+        deadline = time.monotonic() + self._settings.initial_sync_timeout_s
         resource = self._settings.config_resource
         if resource is not None:
+            # read the resource first: it may name other schedulers than the file
             self.config_namespace = resource.namespace or self._client.namespace
             self._tasks.append(asyncio.create_task(self._run_config(), name="igw-config-watch"))
-            await self._wait(self._config_synced, "config resource")
+            try:
+                async with asyncio.timeout(self._settings.initial_sync_timeout_s):
+                    await self._config_synced.wait()
+            except TimeoutError:
+                log.warning("kubernetes discovery: config resource not read yet; using the file")
         else:
             self._config_synced.set()
         self.reconcile()
         self._tasks.append(asyncio.create_task(self._follow_config(), name="igw-config-follow"))
-        await self.wait_synced(self._settings.initial_sync_timeout_s)
+        await self.wait_synced(max(0.0, deadline - time.monotonic()))
         log.info(
             "kubernetes discovery: namespace=%s selectors=%s config_resource=%s",
             self.pod_namespace,
@@ -199,6 +205,7 @@ class KubernetesDiscovery:
         )
 
     async def stop(self) -> None:
+        """End every watch and close the client; pools keep their members (we are stopping)."""
         tasks = self._tasks + [w.task for w in self._pod_watches.values() if w.task is not None]
         for task in tasks:
             task.cancel()
@@ -223,13 +230,6 @@ class KubernetesDiscovery:
             )
             return False
         return True
-
-    async def _wait(self, event: asyncio.Event, what: str) -> None:
-        try:
-            async with asyncio.timeout(self._settings.initial_sync_timeout_s):
-                await event.wait()
-        except TimeoutError:
-            log.warning("kubernetes discovery: %s not read yet; using the file config", what)
 
     def backoff(self, attempt: int) -> float:
         """Exponential, capped, jittered: many gateways never retry in lockstep."""
@@ -424,7 +424,7 @@ class KubernetesDiscovery:
         self._last_document = document
         meta = obj.get("metadata") or {}
         where = f"{meta.get('namespace')}/{meta.get('name')}"
-        config, outcome = evaluate(obj, self._target.apply_config)
+        _, outcome = evaluate(obj, self._target.apply_config)
         if outcome.accepted:
             log.info("config resource %s: %s", where, outcome.message)
             self.reconcile()
@@ -435,8 +435,7 @@ class KubernetesDiscovery:
                 outcome.reason,
                 outcome.message,
             )
-        pools = len(config.schedulers) if config is not None else 0
-        await self._write_status(meta, outcome, pools)
+        await self._write_status(meta, outcome, len(self._target.config.schedulers))
 
     async def _write_status(self, meta: dict[str, Any], outcome: Outcome, pools: int) -> None:
         """Tell `kubectl get` users whether their change took; best effort, never fatal."""

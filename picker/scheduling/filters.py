@@ -16,6 +16,9 @@ from picker.datastore import Pool
 from picker.scheduling.context import ScoringContext
 from picker.scheduling.registry import register_filter
 
+# How long an adapter the gateway sent to a pod is assumed to stay resident there.
+ADAPTER_MEMORY_S = 60.0
+
 
 class PodFilter:
     """A filter that does not depend on the request: one mask over the whole table.
@@ -129,9 +132,18 @@ def lora_state(ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         none = np.zeros(n, dtype=bool)
         return none, none, np.ones(n, dtype=bool)
     table = ctx.table
-    resident = table.lora_running[ctx.index, slot]
-    waiting = table.lora_waiting[ctx.index, slot]
     max_lora = ctx.col("max_lora")
+    resident = table.lora_running[ctx.index, slot] | _recently_sent(ctx, slot, max_lora)
+    waiting = table.lora_waiting[ctx.index, slot]
     used = np.count_nonzero(table.lora_running[ctx.index], axis=1)
     free = (used < max_lora) | (max_lora <= 0)
     return resident, waiting, free
+
+
+def _recently_sent(ctx: ScoringContext, slot: int, max_lora: np.ndarray) -> np.ndarray:
+    """Pods the gateway sent this adapter to lately, where it is still among the
+    `max_lora` most recently sent adapters (engines evict adapters LRU)."""
+    sent = ctx.state.adapter_sent[ctx.index]
+    mine = sent[:, slot]
+    newer = np.count_nonzero(sent > mine[:, None], axis=1)
+    return (mine > ctx.now - ADAPTER_MEMORY_S) & (mine > 0) & (newer < np.maximum(max_lora, 1))

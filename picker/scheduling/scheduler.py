@@ -146,10 +146,9 @@ class Scheduler:
         `address` (optional) guards against a row reused by another pod while
         the request ran; `output_tokens`, when known, refines the speed sample.
         """
-        del now  # the duration is what matters; kept for a symmetric signature
         if address is not None and self.pool.row_address[row] != address:
             return
-        self.state.on_complete(row, req, duration_s, ok, output_tokens)
+        self.state.on_complete(row, req, duration_s, ok, output_tokens, now)
         self._notify()
 
     def _notify(self) -> None:

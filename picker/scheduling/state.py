@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from picker.datastore import Pool
+from picker.datastore import MAX_ADAPTERS, Pool
 from picker.scheduling.prefix_index import DEFAULT_BLOCKS_PER_POD, PrefixIndex
 from picker.scheduling.request import SchedulingRequest
 
@@ -44,6 +44,10 @@ class PoolState:
         self.since_tokens = np.zeros(0)
         self.since_stamp = np.zeros(0)
         self.spt = np.zeros(0)
+        # When the gateway last sent each adapter to each pod: engines keep recently
+        # used adapters resident, but vLLM's metrics only show adapters of *running*
+        # requests, so an idle resident adapter is visible only from here.
+        self.adapter_sent = np.zeros((0, MAX_ADAPTERS))
         self._speed_at = -math.inf
         self._speed_version = -1
         self._speed: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
@@ -63,6 +67,9 @@ class PoolState:
                 old = getattr(self, name)
                 grown[: len(old)] = old
                 setattr(self, name, grown)
+            grown_sent = np.zeros((cap, MAX_ADAPTERS))
+            grown_sent[: len(self.adapter_sent)] = self.adapter_sent
+            self.adapter_sent = grown_sent
             self._owners.extend([None] * (cap - len(self._owners)))
         for row, address in enumerate(pool.row_address):
             if self._owners[row] != address:
@@ -75,6 +82,7 @@ class PoolState:
         self.since_tokens[row] = 0.0
         self.since_stamp[row] = 0.0
         self.spt[row] = 0.0
+        self.adapter_sent[row] = 0.0
 
     def set_blocks_per_pod(self, blocks: int) -> None:
         """Resize the prefix LRUs on reload; shrinking evicts on the next insert."""
@@ -104,6 +112,10 @@ class PoolState:
             self.mean_output = _ewma(self.mean_output, est, POOL_EWMA_ALPHA)
         if len(req.prefix_hashes):
             self.prefix.insert(row, req.prefix_hashes.tolist())
+        if req.adapter is not None:
+            slot = self.pool.adapter_index.get(req.adapter)
+            if slot is not None:
+                self.adapter_sent[row, slot] = now
 
     def on_complete(
         self,
@@ -112,11 +124,21 @@ class PoolState:
         duration_s: float,
         ok: bool,
         output_tokens: int | None = None,
+        now: float | None = None,
     ) -> None:
-        """Release the request's work; learn the pod's observed speed from a success."""
+        """Release the request's work; learn the pod's observed speed from a success.
+
+        A request that ended before any scrape saw it is taken out of the
+        since-scrape counts too: it will never show up in `waiting`, and left
+        there it would make the pod look busier than it is until the next scrape.
+        """
         self.sync()
         t = self.pool.table
         t.inflight[row] = max(0.0, t.inflight[row] - 1.0)
+        if now is not None and t.scraped_at[row] < now - duration_s:
+            t.dispatched[row] = max(0.0, t.dispatched[row] - 1.0)
+            if self.since_stamp[row] == t.scraped_at[row]:
+                self.since_tokens[row] = max(0.0, self.since_tokens[row] - req.prompt_tokens)
         t.outstanding_prefill[row] = max(0.0, t.outstanding_prefill[row] - req.prompt_tokens)
         t.outstanding_decode[row] = max(0.0, t.outstanding_decode[row] - req.max_tokens)
         out = req.max_tokens if output_tokens is None else output_tokens

@@ -8,6 +8,7 @@ Per candidate pod i, in seconds:
     ttft_i    = (queued_i + own_i) / prefill_tps_i                  prefill work ahead + ours
               + slots_i × mean_output × decode_step_i / batch_capacity   wait for a batch slot
               + decode_step_i                                       the first step itself
+              + lora_load        when the request's adapter is not resident on i
 
 score_i = min(ttft) / ttft_i, so the best pod gets 1 and a pod twice as slow 0.5.
 
@@ -29,10 +30,14 @@ from typing import ClassVar
 import numpy as np
 
 from picker.scheduling.context import ScoringContext
+from picker.scheduling.filters import lora_state
 from picker.scheduling.registry import register_scorer
 
 # vLLM's default max_num_seqs; engines do not publish it (see docs/scoring.md).
 DEFAULT_BATCH_CAPACITY = 256
+# Loading a LoRA adapter from the host cache into GPU memory: tens of ms (vLLM,
+# adapters of a few hundred MB over PCIe); a conservative round figure.
+LORA_LOAD_S = 0.05
 
 
 @register_scorer
@@ -64,6 +69,9 @@ def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
         work += own - matched * (own / len(ctx.hashes))
     ttft = work / tps
     ttft += step
+    lora = lora_state(ctx)
+    if lora is not None:
+        ttft += np.where(lora[0], 0.0, LORA_LOAD_S)
     running = ctx.col("running")
     queue = ctx.queue_depth()
     if running.max() + queue.max() + 1.0 > batch_capacity:
