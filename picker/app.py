@@ -84,7 +84,7 @@ class PickerApp:
             self.config.picker_port,
             self.host,
             self.config.admin_port,
-            self.host,
+            self.metrics_host,
             self.config.metrics_port,
             ",".join(self.datastore.pools),
         )
