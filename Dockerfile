@@ -45,23 +45,23 @@ ENV PATH=/opt/igw/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     IGW_STATE_DIR=/var/lib/igw \
-    IGW_HEALTH_URL=https://127.0.0.1:8443/healthz
+    IGW_CONFIG=/etc/igw/gateway.yaml
 COPY --from=builder /opt/igw /opt/igw
 COPY deploy/docker/healthcheck.py /opt/igw/healthcheck.py
 # uid/gid 65532 as the Helm chart's securityContext expects; the state dir
 # (generated CA, Envoy bootstrap, EDS files) is the only place written to.
 RUN set -eu; \
-    groupadd --gid 65532 igw; \
-    useradd --uid 65532 --gid 65532 --no-create-home --home-dir /var/lib/igw \
-        --shell /usr/sbin/nologin igw; \
+    groupadd -K GID_MAX=65535 --gid 65532 igw; \
+    useradd -K UID_MAX=65535 --uid 65532 --gid 65532 --no-create-home \
+        --home-dir /var/lib/igw --shell /usr/sbin/nologin igw; \
     mkdir -p /var/lib/igw /etc/igw; \
     chown 65532:65532 /var/lib/igw; \
     igw --help >/dev/null
 USER 65532:65532
 WORKDIR /var/lib/igw
 EXPOSE 8443
-# Gateway by default: Envoy answers /healthz on the HTTPS listener once the
-# picker is serving. Simulated pods override the URL (their /health).
+# Gateway by default (Envoy's and the picker's /healthz, ports read from
+# $IGW_CONFIG); simulated pods pass their own URL (see docker-compose.yml).
 HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "/opt/igw/healthcheck.py"]
 ENTRYPOINT ["igw"]

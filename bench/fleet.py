@@ -10,6 +10,7 @@ fleet in the same state. During a run `QueueSampler` reads every pod's `/admin/s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import aiohttp
 import orjson
 import yaml
 
-from bench.procs import Child, free_ports, start_piped, wait_line
+from bench.procs import Child, free_ports, start_child, wait_log_line
 
 READY_TIMEOUT_S = 30.0
 
@@ -77,13 +78,15 @@ class SimFleet:
         work.mkdir(parents=True, exist_ok=True)
         path = work / "fleet.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
-        child = start_piped(
+        log = work / "simulator.log"
+        log.unlink(missing_ok=True)
+        child = start_child(
             "simulator",
             [sys.executable, "-m", "simulator", "--fleet", str(path), "--control-port",
              str(ports[-1])],
-            work / "simulator.log",
+            log,
         )
-        wait_line(child, lambda line: "simulator ready" in line, READY_TIMEOUT_S)
+        wait_log_line(child, lambda line: "simulator ready" in line, READY_TIMEOUT_S)
         out = [
             Pod(p["name"], p["gpu"], p["model"], p["port"], tuple(p.get("lora_adapters", ())))
             for p in spec_pods
@@ -141,17 +144,15 @@ class QueueSampler:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         while True:
             t = time.monotonic() - self._t0
             try:
                 states = await self.fleet.states(self.session)
-            except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
+            except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError):
                 states = {}
             if states:
                 self.samples.append(

@@ -77,7 +77,7 @@ class Child:
         return stop_process(self.proc, timeout)
 
 
-def start(
+def start_child(
     name: str,
     argv: Sequence[str],
     log: Path,
@@ -148,6 +148,30 @@ def wait_line(child: Child, predicate: Callable[[str], bool], timeout: float) ->
     raise StartError(
         f"{child.name} not ready (exit {child.proc.returncode}); stdout:\n{''.join(seen)}"
         f"\nlog tail:\n{child.tail()}"
+    )
+
+
+def wait_log_line(child: Child, predicate: Callable[[str], bool], timeout: float) -> str:
+    """Poll the child's log file until a line matches; StartError if it dies first.
+
+    Used for children whose stdout goes to a file (so nothing can block on a full pipe).
+    """
+    assert child.log is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = child.log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            if predicate(line):
+                return line.strip()
+        if not child.alive():
+            break
+        time.sleep(0.05)
+    child.stop()
+    raise StartError(
+        f"{child.name} not ready (exit {child.proc.returncode}); log tail:\n{child.tail()}"
     )
 
 

@@ -45,7 +45,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return 1
-    return asyncio.run(serve(args.config, args.state_dir, args.port))
+    return asyncio.run(serve(args.config, args.state_dir, args.port, args.drain_timeout))
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, required=True)
     p.add_argument("--port", type=int, default=None, help="override spec.listener.port")
     p.add_argument("--state-dir", type=Path, default=default_state_dir() / "serve")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM: seconds in-flight requests may take to finish (default 30)",
+    )
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("validate", help="check a config file")

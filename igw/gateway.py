@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import socket
 import ssl
 import sys
@@ -18,9 +19,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from igw.supervisor import ChildSpec, Supervisor, run_until_signalled
 from igw_envoy.binary import find_envoy
 from igw_envoy.render import write_bootstrap
-from picker.config import GatewayConfig, load_config
+from picker.config import ConfigError, GatewayConfig, load_config
+
+log = logging.getLogger("igw.gateway")
 
 READY_TIMEOUT_S = 60.0
+DRAIN_TIMEOUT_S = 30.0
+DRAIN_POLL_S = 0.1
+ACTIVE_REQUESTS_STAT = "http.ingress_https.downstream_rq_active"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -34,17 +40,40 @@ def effective_config(config: GatewayConfig, port: int | None) -> GatewayConfig:
 
 
 def gateway_children(
-    config_path: Path, state_dir: Path, port: int | None, log_level: str = "INFO"
+    config_path: Path,
+    state_dir: Path,
+    port: int | None,
+    log_level: str = "INFO",
+    drain_timeout_s: float = DRAIN_TIMEOUT_S,
 ) -> list[ChildSpec]:
-    """The picker first (Envoy's ext_proc calls it), then Envoy."""
+    """The picker first (Envoy's ext_proc calls it), then Envoy.
+
+    Everything Envoy reads is rendered once here. When Envoy is restarted (it
+    crashed), only its bootstrap is written again, from the last config that
+    could be applied while running: the CDS/RDS/EDS files belong to the picker
+    by then (it rewrites them on every reload), and a listener or port change
+    in the file needs `igw serve` itself restarted, as the picker says.
+    """
     envoy_yaml = state_dir / "envoy.yaml"
+    first = effective_config(load_config(config_path), port)
+    current = {"config": first}
 
-    def render() -> None:
-        config = effective_config(load_config(config_path), port)
-        # Access log on stderr: stdout belongs to the ready line (the URL).
-        write_bootstrap(config, state_dir, access_log="/dev/stderr")
+    def render_restart() -> None:
+        from picker.app import restart_only_changes
 
-    render()
+        try:
+            config = effective_config(load_config(config_path), port)
+        except ConfigError as exc:
+            log.warning(
+                "envoy restart: %s is invalid (%s); using the last good config", config_path, exc
+            )
+            config = current["config"]
+        if restart_only_changes(first, config):
+            config = current["config"]
+        current["config"] = config
+        write_bootstrap(config, state_dir, dynamic_files=False)
+
+    write_bootstrap(first, state_dir)
     picker = ChildSpec(
         name="picker",
         # Large request bodies: keep glibc from returning (and re-faulting) big
@@ -61,6 +90,7 @@ def gateway_children(
             "--log-level",
             log_level,
         ],
+        stop_timeout_s=drain_timeout_s + 5.0,
     )
     envoy = ChildSpec(
         name="envoy",
@@ -76,10 +106,54 @@ def gateway_children(
             "--parent-shutdown-time-s",
             "10",
         ],
-        before_start=render,
+        before_start=render_restart,
+        before_stop=lambda: drain_envoy(first.envoy_admin_port, drain_timeout_s),
         stop_timeout_s=10.0,
     )
     return [picker, envoy]
+
+
+async def drain_envoy(admin_port: int, timeout_s: float) -> None:
+    """Graceful stop: Envoy stops accepting connections, in-flight requests (streams
+    included) run to their end, bounded by `timeout_s`; then the caller signals it."""
+    import aiohttp
+
+    base = f"http://127.0.0.1:{admin_port}"
+    deadline = time.monotonic() + timeout_s
+    timeout = aiohttp.ClientTimeout(total=2.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        try:
+            async with session.post(f"{base}/drain_listeners", params={"inboundonly": ""}) as r:
+                await r.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("envoy drain: admin port unreachable (%s); stopping it now", exc)
+            return
+        log.info("envoy: listeners closed; waiting up to %.0fs for in-flight requests", timeout_s)
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(
+                    f"{base}/stats", params={"filter": f"^{ACTIVE_REQUESTS_STAT}$"}
+                ) as r:
+                    text = await r.text()
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                return
+            active = _stat_value(text, ACTIVE_REQUESTS_STAT)
+            if not active:
+                log.info("envoy: no request in flight; stopping")
+                return
+            await asyncio.sleep(DRAIN_POLL_S)
+        log.warning("envoy: drain timeout (%.0fs) reached with requests in flight", timeout_s)
+
+
+def _stat_value(text: str, name: str) -> int | None:
+    for line in text.splitlines():
+        key, _, value = line.partition(": ")
+        if key.strip() == name:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 async def wait_ready(config: GatewayConfig, deadline_s: float = READY_TIMEOUT_S) -> None:
@@ -145,10 +219,14 @@ def announce(config: GatewayConfig, state_dir: Path, sample: bool) -> None:
         )
 
 
-async def serve(config_path: Path, state_dir: Path, port: int | None) -> int:
+async def serve(
+    config_path: Path, state_dir: Path, port: int | None, drain_timeout_s: float = DRAIN_TIMEOUT_S
+) -> int:
     config = effective_config(load_config(config_path), port)
     state_dir.mkdir(parents=True, exist_ok=True)
-    supervisor = Supervisor(gateway_children(config_path, state_dir, port))
+    supervisor = Supervisor(
+        gateway_children(config_path, state_dir, port, drain_timeout_s=drain_timeout_s)
+    )
 
     async def ready() -> None:
         await wait_ready(config)

@@ -4,7 +4,9 @@ A child that dies is restarted with capped exponential backoff. Children are
 tied to the supervisor with PR_SET_PDEATHSIG, so even a SIGKILLed supervisor
 leaves no orphans. On SIGTERM/SIGINT every child gets SIGTERM in reverse start
 order (Envoy first, so it stops taking requests while the picker drains), then
-SIGKILL after a grace period.
+SIGKILL after a grace period. A child may have a `before_stop` step (Envoy's:
+stop accepting connections and wait for in-flight requests to finish, bounded
+by the drain timeout) that runs before its signal.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class ChildSpec:
     stop_timeout_s: float = 35.0
     # Called before every (re)start, e.g. to re-render a config file.
     before_start: Callable[[], None] | None = None
+    # Awaited before the stop signal on shutdown (not on crash restarts), e.g. a drain.
+    before_stop: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -101,9 +105,23 @@ class Supervisor:
             await asyncio.sleep(child.backoff_s)
             if self._stopping:
                 return
-            child.backoff_s = min(child.backoff_s * 2, BACKOFF_MAX_S)
+            child.backoff_s = min(max(child.backoff_s, BACKOFF_START_S) * 2, BACKOFF_MAX_S)
             child.restarts += 1
-            await self._spawn(child)
+            await self._respawn(child)
+
+    async def _respawn(self, child: Child) -> None:
+        """Start the child again; a start that fails (before_start, exec) is retried with
+        backoff instead of ending this watcher (which would leave the child down for good)."""
+        while not self._stopping:
+            try:
+                await self._spawn(child)
+                return
+            except Exception:
+                log.exception(
+                    "%s: restart failed; retrying in %.1fs", child.spec.name, child.backoff_s
+                )
+            await asyncio.sleep(child.backoff_s)
+            child.backoff_s = min(max(child.backoff_s, BACKOFF_START_S) * 2, BACKOFF_MAX_S)
 
     async def restart(self, name: str) -> None:
         """Stop one child; its watcher starts it again (used for config changes)."""
@@ -114,6 +132,7 @@ class Supervisor:
     async def stop(self) -> None:
         self._stopping = True
         for child in reversed(self.children):
+            await _drain(child)
             await _terminate(child)
         for task in self._watchers:
             task.cancel()
@@ -121,6 +140,17 @@ class Supervisor:
 
     def exit_codes(self) -> dict[str, int | None]:
         return {c.spec.name: (c.proc.returncode if c.proc else None) for c in self.children}
+
+
+async def _drain(child: Child) -> None:
+    """Run the child's `before_stop` (a bounded drain); a failure only skips the drain."""
+    proc = child.proc
+    if child.spec.before_stop is None or proc is None or proc.returncode is not None:
+        return
+    try:
+        await child.spec.before_stop()
+    except Exception:  # the stop itself must go on
+        log.exception("%s: drain failed; stopping it now", child.spec.name)
 
 
 async def _terminate(child: Child) -> None:

@@ -10,10 +10,20 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from picker.app import PickerApp
 from picker.config import ConfigError
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed: fewer syscalls per gRPC message on the request path."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"picker: invalid config: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(app.run_until_signalled())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(app.run_until_signalled())
     return 0
 
 

@@ -1,32 +1,45 @@
 """The picker process: ext_proc + health + admin gRPC, metrics HTTP, collection.
 
 Wires the datastore, the director and the metrics collector together, feeds
-Envoy the pools' membership through EDS files, reloads the config when the
-file changes (an invalid one is refused and the running config stays), and
-drains open streams on SIGTERM.
+Envoy the pools' membership through EDS files and the pool clusters and routes
+through CDS/RDS files, reloads the config when the file changes (an invalid
+one is refused and the running config stays), follows Envoy's outlier
+ejections (passive health), and drains open streams on SIGTERM.
+
+A config reload that adds a pool or a pod is applied in two steps, so that no
+request is ever sent where Envoy cannot route it yet: first Envoy gets the
+union of the old and the new clusters, routes and members; once its admin port
+shows it runs them, the picker switches to the new config and the files are
+written again for the new config alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-from igw_envoy.eds import write_endpoints
+from igw_envoy.eds import EndpointError, cluster_name, resolve_endpoints, write_endpoints
+from igw_envoy.xds import write_dynamic
 from picker.admin import AdminService
 from picker.config import ConfigError, GatewayConfig, load_config
 from picker.datalayer.collector import Collector
 from picker.datastore import Datastore
 from picker.director import Director
-from picker.gateway_metrics import GatewayMetrics
+from picker.envoy_admin import EnvoyAdmin, ejected
+from picker.gateway_metrics import PREFIX, GatewayMetrics
 from picker.handlers import ExtProcHandler
 from proto import admin_pb2_grpc
 
@@ -35,6 +48,11 @@ log = logging.getLogger("picker.app")
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 RELOAD_POLL_S = 1.0
 DRAIN_TIMEOUT_S = 30.0
+# How long a reload waits for Envoy to run the new clusters/routes before the
+# picker switches anyway (Envoy down or restarting: nothing is served meanwhile).
+ENVOY_APPLY_TIMEOUT_S = 10.0
+OUTLIER_POLL_S = 0.25
+OUTLIER_IDLE_POLL_S = 2.0  # while Envoy's admin port does not answer
 
 
 class PickerApp:
@@ -52,17 +70,26 @@ class PickerApp:
         self.host = host
         self.metrics_host = metrics_host or host
         self.config = load_config(config_path)
-        self._config_mtime = _mtime(config_path)
+        self._config_signature = _signature(config_path)
         self.metrics = GatewayMetrics()
         self.datastore = Datastore(self.config)
         self.director = Director(self.datastore, self.metrics)
         self.collector = Collector(self.datastore)
-        self.metrics.attach(self.datastore)
+        self.metrics.attach(self.datastore, self._process_metrics)
+        self.reloads = Counter(
+            f"{PREFIX}_config_reloads",
+            "Config changes seen, by result (applied, refused).",
+            ["result"],
+            registry=self.metrics.registry,
+        )
+        self.envoy = EnvoyAdmin(self.config.envoy_admin_port)
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
         self._admin: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._pending: asyncio.Task[None] | None = None
+        self._ejected: set[tuple[str, str]] = set()  # (pool, address) Envoy has ejected
         self._stopping = asyncio.Event()
 
     @property
@@ -71,11 +98,13 @@ class PickerApp:
 
     async def start(self) -> None:
         self.write_eds()
+        write_dynamic(self.config, self.state_dir)
         self.collector.start()
         self._grpc = await self._start_ext_proc()
         self._admin = await self._start_admin()
         self._http = await self._start_http()
-        self._tasks.append(asyncio.create_task(self._watch_config()))
+        self._tasks.append(asyncio.create_task(self._watch_config(), name="igw-config-watch"))
+        self._tasks.append(asyncio.create_task(self._watch_outliers(), name="igw-outliers"))
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(EXT_PROC_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -155,21 +184,88 @@ class PickerApp:
             config = load_config(self.config_path)
         except ConfigError as exc:
             log.error("config reload refused, keeping the running config: %s", exc)
+            self.reloads.labels("refused").inc()
             return False
         return self.apply_config(config)
 
     def apply_config(self, config: GatewayConfig) -> bool:
-        """Adopt a validated config (from the file or a watched resource) without a restart."""
-        if _listener_shape(config) != _listener_shape(self.config):
-            log.error("config change refused: listener/ports changes need a restart")
+        """Adopt a validated config (from the file or a watched resource) without a restart.
+
+        Returns False (and changes nothing) for a change that needs a restart.
+        When the change adds a pool or a pod, Envoy is given the union of old
+        and new first and the switch happens once Envoy runs it (see the module
+        docstring); otherwise the switch is immediate.
+        """
+        needs_restart = restart_only_changes(self.config, config)
+        if needs_restart:
+            log.error(
+                "config change refused, keeping the running config: %s cannot change "
+                "while the gateway runs (restart `igw serve` to apply)",
+                ", ".join(needs_restart),
+            )
+            self.reloads.labels("refused").inc()
             return False
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+        self.reloads.labels("applied").inc()
+        added = self._added_members(config)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if not added or loop is None:
+            self._adopt(config)
+            return True
+        union = union_config(self.config, config)
+        for name, addresses in added.items():
+            pool = self.datastore.pools.get(name)
+            current = pool.members() if pool is not None else []
+            write_endpoints(self.eds_dir, cluster_name(name), [*current, *addresses])
+        _, rds_version = write_dynamic(union, self.state_dir)
+        members = {cluster_name(n): _resolved(a) for n, a in added.items()}
+        self._pending = loop.create_task(
+            self._adopt_when_applied(config, rds_version, members), name="igw-config-apply"
+        )
+        return True
+
+    def _added_members(self, config: GatewayConfig) -> dict[str, list[str]]:
+        """Pools (name → new static endpoints) that the new config adds or grows."""
+        added: dict[str, list[str]] = {}
+        for sched in config.schedulers:
+            pool = self.datastore.pools.get(sched.name)
+            if pool is None:
+                added[sched.name] = list(sched.endpoints)
+            elif sched.endpoints:
+                new = [a for a in sched.endpoints if a not in pool.pods]
+                if new:
+                    added[sched.name] = new
+        return added
+
+    async def _adopt_when_applied(
+        self, config: GatewayConfig, rds_version: str, members: dict[str, list[str]]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        ok = await self.envoy.wait_applied(rds_version, members, ENVOY_APPLY_TIMEOUT_S)
+        if not ok:
+            log.warning(
+                "Envoy did not confirm the new routes/members within %.0fs; switching anyway",
+                ENVOY_APPLY_TIMEOUT_S,
+            )
+        self._pending = None
+        self._adopt(config)
+        log.info("config switch after Envoy applied it in %.2fs", loop.time() - started)
+
+    def _adopt(self, config: GatewayConfig) -> None:
         self.config = config
         self.datastore.apply_config(config)
         self.director.apply_config(config)
         self.collector.refresh()
         self.write_eds()
+        write_dynamic(config, self.state_dir)
+        self._ejected = {k for k in self._ejected if k[0] in self.datastore.pools}
         log.info("config applied: pools=%s", ",".join(self.datastore.pools))
-        return True
 
     def membership_changed(self, pool_name: str) -> None:
         """Discovery changed a pool's pods: tell Envoy (the collector follows by itself)."""
@@ -180,10 +276,57 @@ class PickerApp:
     async def _watch_config(self) -> None:
         while not self._stopping.is_set():
             await asyncio.sleep(RELOAD_POLL_S)
-            mtime = _mtime(self.config_path)
-            if mtime != self._config_mtime:
-                self._config_mtime = mtime
+            signature = _signature(self.config_path)
+            if signature != self._config_signature:
+                self._config_signature = signature
                 self.reload()
+
+    async def _watch_outliers(self) -> None:
+        """Follow Envoy's outlier ejections: an ejected pod is not ready until released."""
+        while not self._stopping.is_set():
+            hosts = await self.envoy.hosts()
+            if hosts is not None:
+                self.apply_outliers(hosts)
+            await asyncio.sleep(OUTLIER_POLL_S if hosts is not None else OUTLIER_IDLE_POLL_S)
+
+    def apply_outliers(self, hosts: dict[str, dict[str, str]]) -> None:
+        """Mark pods Envoy has ejected not ready, and ready again once released."""
+        now_ejected: set[tuple[str, str]] = set()
+        for pool in self.datastore.pools.values():
+            flags = hosts.get(pool.cluster_name)
+            if not flags:
+                continue
+            for address, pod in pool.pods.items():
+                if ejected(flags.get(address, "")):
+                    now_ejected.add((pool.name, address))
+                    if pool.table.ready[pod.row]:
+                        pool.table.ready[pod.row] = False
+                        log.warning(
+                            "pod %s (pool %s) ejected by Envoy: not ready", address, pool.name
+                        )
+        for pool_name, address in self._ejected - now_ejected:
+            pool = self.datastore.pools.get(pool_name)
+            pod = pool.pods.get(address) if pool is not None else None
+            if pod is not None and not pool.table.ready[pod.row]:
+                pool.table.ready[pod.row] = True
+                log.info("pod %s (pool %s) released by Envoy: ready again", address, pool_name)
+        self._ejected = now_ejected
+
+    def _process_metrics(self) -> Iterator[Metric]:
+        tasks = GaugeMetricFamily(
+            f"{PREFIX}_picker_asyncio_tasks", "asyncio tasks alive in the picker process."
+        )
+        tasks.add_metric([], float(len(asyncio.all_tasks())))
+        yield tasks
+        fds = GaugeMetricFamily(f"{PREFIX}_picker_open_fds", "Open file descriptors.")
+        with contextlib.suppress(OSError):
+            fds.add_metric([], float(len(os.listdir("/proc/self/fd"))))
+        yield fds
+        ejected_pods = GaugeMetricFamily(
+            f"{PREFIX}_pods_ejected", "Pods Envoy's outlier detection currently ejects."
+        )
+        ejected_pods.add_metric([], float(len(self._ejected)))
+        yield ejected_pods
 
     async def stop(self, drain_timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Stop taking new streams, let open ones (in-flight requests) finish."""
@@ -191,6 +334,8 @@ class PickerApp:
         await self.health.enter_graceful_shutdown()
         for task in self._tasks:
             task.cancel()
+        if self._pending is not None:
+            self._pending.cancel()
         if (discovery := getattr(self, "_discovery", None)) is not None:
             await discovery.stop()
         if self._grpc is not None:
@@ -198,6 +343,7 @@ class PickerApp:
         if self._admin is not None:
             await self._admin.stop(grace=1.0)
         await self.collector.stop()
+        await self.envoy.close()
         if self._http is not None:
             await self._http.cleanup()
 
@@ -213,19 +359,43 @@ class PickerApp:
         await self.stop()
 
 
-def _mtime(path: Path) -> float:
+def _signature(path: Path) -> tuple[int, int, int]:
+    """What tells a changed file: mtime in ns, size and inode (a ConfigMap swaps the file)."""
     with contextlib.suppress(OSError):
-        return os.stat(path).st_mtime
-    return 0.0
+        st = os.stat(path)
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+    return (0, 0, 0)
 
 
-def _listener_shape(config: GatewayConfig) -> tuple[object, ...]:
-    return (
-        config.listen_address,
-        config.listen_port,
-        config.picker_port,
-        config.admin_port,
-        config.metrics_port,
-        config.envoy_admin_port,
-        config.failure_mode,
-    )
+def _resolved(addresses: list[str]) -> list[str]:
+    try:
+        return [ip for ip, _ in resolve_endpoints(addresses)]
+    except EndpointError:
+        return []
+
+
+def union_config(old: GatewayConfig, new: GatewayConfig) -> GatewayConfig:
+    """`new` plus the pools only `old` has: what Envoy must route while the picker switches.
+
+    Used only to render clusters and routes (never validated as a config: a
+    model may appear in two pools while it moves from one to the other).
+    """
+    names = {s.name for s in new.schedulers}
+    extra = tuple(s for s in old.schedulers if s.name not in names)
+    return dataclasses.replace(new, schedulers=new.schedulers + extra)
+
+
+def restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """The config fields that differ and cannot change without a restart."""
+    checks = {
+        "spec.listener": (old.listen_address, old.listen_port)
+        != (new.listen_address, new.listen_port),
+        "spec.ports": (old.picker_port, old.admin_port, old.metrics_port, old.envoy_admin_port)
+        != (new.picker_port, new.admin_port, new.metrics_port, new.envoy_admin_port),
+        "spec.failureMode": old.failure_mode != new.failure_mode,
+        "spec.bbr.maxRequestBodyBytes": old.bbr.max_request_body_bytes
+        != new.bbr.max_request_body_bytes,
+        "spec.tls": old.tls != new.tls,
+        "spec.auth": old.jwt != new.jwt,
+    }
+    return [name for name, changed in checks.items() if changed]

@@ -38,10 +38,6 @@ class PromptTooLong(ValueError):
     """The prompt cannot fit the model's context (the server answers 400)."""
 
 
-class EngineStopped(Exception):
-    """The pod crashed or stopped while the request was in flight."""
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """Per-pod knobs that are not hardware figures."""
@@ -192,7 +188,7 @@ class Engine:
             if not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
-            start = max(self.now(), self._last_end)
+            start = self._iteration_start()
             self._iter_start = start
             duration = self._schedule()
             if not self.running:  # nothing admissible right now: wait for a change
@@ -205,6 +201,17 @@ class Engine:
                 await asyncio.sleep(delay)
             self._complete(start, end)
             self._last_end = end
+
+    def _iteration_start(self) -> float:
+        """Model time this iteration starts: right after the previous one while busy, or when
+        the work arrived after an idle spell, never when this task happened to be woken (so
+        event-loop delays show up as lateness, not as model queue time)."""
+        now = self.now()
+        if self._last_end >= now:
+            return self._last_end
+        if self.running or not self.waiting:
+            return self._last_end  # the loop woke late for an iteration that was due
+        return max(self._last_end, min(now, self.waiting[0].arrival))
 
     def _schedule(self) -> float:
         """Plan one iteration: grow decoding sequences (preempting if needed), admit waiting

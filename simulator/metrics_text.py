@@ -43,15 +43,22 @@ class _Text:
             self.lines.append(f'{name}{{{label}="{escape(key)}",{self.labels}}} {float(value)!r}')
 
     def histogram(self, name: str, help_text: str, hist: Histogram) -> None:
-        lines, labels = self.lines, self.labels
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} histogram")
+        key = (self.labels, hist.count)
+        cached = hist.rendered.get(name)
+        if cached is None or cached[0] != key:
+            cached = hist.rendered[name] = (key, self._histogram_text(name, help_text, hist))
+        self.lines.append(cached[1])
+
+    def _histogram_text(self, name: str, help_text: str, hist: Histogram) -> str:
+        labels = self.labels
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
         cumulative = hist.cumulative()
         for bound, count in zip(hist.bounds, cumulative, strict=False):
             lines.append(f'{name}_bucket{{le="{bound!r}",{labels}}} {float(count)!r}')
         lines.append(f'{name}_bucket{{le="+Inf",{labels}}} {float(cumulative[-1])!r}')
         lines.append(f"{name}_count{{{labels}}} {float(hist.count)!r}")
         lines.append(f"{name}_sum{{{labels}}} {float(hist.sum)!r}")
+        return "\n".join(lines)
 
     def encode(self) -> bytes:
         self.lines.append("")

@@ -106,9 +106,6 @@ class EngineProfile:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def prefill_s(self, tokens: int) -> float:
-        return tokens / self.prefill_tokens_per_s
-
     def step_s(self, batch: int) -> float:
         return (self.base_step_ms + self.per_seq_ms * batch) / 1000.0
 

@@ -71,6 +71,7 @@ class PodServer:
         self.profile = spec.build_profile()
         self.port = spec.port
         self.up = False
+        self._crashed = False
         self.faults = FaultState()
         self.engine = self._new_engine()
         self._served = {spec.model, *spec.lora_adapters}
@@ -97,6 +98,7 @@ class PodServer:
         the listener opened unless those faults include a crash."""
         await self.engine.stop()  # the previous incarnation's loop, if any
         self.engine = self._new_engine()
+        self._crashed = False
         self.faults = FaultState()
         self.set_faults(self.spec.faults if faults is None else faults, at_start=True)
         if self.faults.crash:  # crashed from the start: no engine loop, no listener
@@ -112,6 +114,7 @@ class PodServer:
 
     async def crash(self) -> None:
         """Close the listener and drop every connection, as a dead process would."""
+        self._crashed = True
         self.faults.crash = True
         if self.up:
             self.up = False
@@ -130,6 +133,7 @@ class PodServer:
     def set_faults(self, changes: Any, at_start: bool = False) -> None:
         """Apply a partial fault update (raises FaultError when invalid)."""
         self.faults.update(changes)
+        self.faults.crash = self.faults.crash or self._crashed  # only a restart revives
         self.engine.slowdown = self.faults.slowdown
         if self.faults.hang:
             self._released.clear()
@@ -139,6 +143,7 @@ class PodServer:
             self._spawn(self._crash_soon())
 
     def clear_faults(self) -> None:
+        """Back to no faults (a crashed pod stays down until restarted)."""
         self.faults = FaultState()
         self.set_faults({})
 

@@ -28,13 +28,16 @@ LATENESS_WINDOW = 100_000
 class Histogram:
     """Prometheus-style histogram; observe(value, n) records n equal samples in one step."""
 
-    __slots__ = ("bounds", "count", "counts", "sum")
+    __slots__ = ("bounds", "count", "counts", "rendered", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # last slot is +Inf
         self.sum = 0.0
         self.count = 0
+        # Exposition text per metric name, with the (labels, count) it was made for: most
+        # histograms change once per request, while scrapes come every 50 ms.
+        self.rendered: dict[str, tuple[tuple[str, int], str]] = {}
 
     def observe(self, value: float, n: int = 1) -> None:
         self.counts[bisect_left(self.bounds, value)] += n

@@ -318,10 +318,15 @@ def test_next_delay_jitter_and_backoff() -> None:
     delays = [next_delay(FAST, 0, options, rand) for _ in range(200)]
     assert min(delays) >= 0.018 and max(delays) <= 0.022
     assert len(set(delays)) > 100
-    assert next_delay(FAST, 3, CollectorOptions(jitter=0.0), rand) == pytest.approx(0.16)
-    assert next_delay(FAST, 60, CollectorOptions(jitter=0.0), rand) == pytest.approx(1.0)
+    still = CollectorOptions(jitter=0.0)
+    assert next_delay(FAST, 3, still, rand) == pytest.approx(0.16)
+    assert next_delay(FAST, 60, still, rand) == pytest.approx(0.5)  # half the 1 s stale window
+    default = MetricsConfig()  # 50 ms interval, 2 s stale window
+    assert next_delay(default, 60, still, rand) == pytest.approx(1.0)  # max_backoff_s
+    tight = MetricsConfig(interval_s=0.05, stale_after_s=0.3)
+    assert next_delay(tight, 60, still, rand) == pytest.approx(0.15)
     slow = MetricsConfig(interval_s=5.0, stale_after_s=10.0)
-    assert next_delay(slow, 2, CollectorOptions(jitter=0.0), rand) == 5.0  # never below interval
+    assert next_delay(slow, 2, still, rand) == 5.0  # never below the interval
 
 
 async def test_unexpected_error_costs_one_scrape_not_the_task(pods, collectors,

@@ -15,6 +15,7 @@ import simulator
 from simulator import metrics_text
 from simulator.engine import Engine, EngineConfig, SimRequest
 from simulator.faults import FaultError, FaultState
+from simulator.fleet import Fleet
 from simulator.kv_cache import KVCache
 from simulator.lora import LoraSlots
 from simulator.profiles import (
@@ -230,3 +231,72 @@ def test_prompt_and_hashes_match_the_gateway(body: dict[str, object]) -> None:
     assert text == req.prompt and count_tokens(text) == req.prompt_tokens
     model = str(body["model"])
     assert block_hashes(text, model) == bbr.prefix_hashes(model, text).tolist()
+
+
+def _req(tokens: int, out: int, adapter: str | None = None) -> SimRequest:
+    return SimRequest(model=adapter or "m", adapter=adapter, prompt_tokens=tokens, hashes=[],
+                      max_tokens=out, stream=True)
+
+
+def _step(engine: Engine) -> None:
+    """One scheduler iteration without the clock (the loop task is never started)."""
+    engine._iter_start = engine._last_end
+    duration = engine._schedule()
+    engine._complete(engine._last_end, engine._last_end + duration)
+    engine._last_end += duration
+
+
+async def test_scheduler_skips_blocked_adapter_but_keeps_fcfs() -> None:
+    profile = build_profile("h100", "m", overrides={"num_gpu_blocks": 1000})
+    engine = Engine(EngineConfig(model="m", profile=profile, max_loras=1, max_num_seqs=8))
+    a1, b, plain, a2 = _req(20, 5, "a"), _req(20, 5, "b"), _req(20, 5), _req(20, 5, "a")
+    for r in (a1, b, plain, a2):
+        engine.submit(r)
+    _step(engine)
+    # "b" cannot load while "a" is pinned: skipped, but it keeps its place at the head.
+    assert engine.running == [a1, plain, a2] and list(engine.waiting) == [b]
+    while not a2.finished:
+        _step(engine)
+    _step(engine)
+    assert engine.running == [b] and engine.lora.resident == ["b"] and engine.lora.loads == 2
+
+
+async def test_scheduler_preempts_newest_and_recomputes() -> None:
+    profile = build_profile("h100", "m", overrides={"num_gpu_blocks": 6})
+    engine = Engine(EngineConfig(model="m", profile=profile, max_num_seqs=8))
+    old, new = _req(32, 40), _req(32, 40)  # 2 blocks each to start, 5 blocks at the end
+    engine.submit(old)
+    engine.submit(new)
+    for _ in range(60):
+        _step(engine)
+        if engine.stats.preemptions:
+            break
+    assert engine.stats.preemptions == 1 and engine.running == [old]
+    assert list(engine.waiting) == [new] and new.alloc is None and new.generated > 0
+    for _ in range(200):
+        if old.finished and new.finished:
+            break
+        _step(engine)
+    assert old.generated == new.generated == 40 and engine.kv.used_blocks == 0
+
+
+async def test_prefill_budget_spreads_admissions() -> None:
+    profile = build_profile("h100", "m")
+    engine = Engine(EngineConfig(model="m", profile=profile, max_num_batched_tokens=1000))
+    reqs = [_req(400, 3) for _ in range(4)]
+    for r in reqs:
+        engine.submit(r)
+    _step(engine)
+    assert engine.running == reqs[:2]  # 800 tokens; a third would pass the 1000 budget
+    _step(engine)
+    assert engine.running == reqs
+
+
+async def test_fleet_from_file_binds_free_ports(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text("pods:\n  - {gpu: l4, model: qwen2.5-3b}\n  - {gpu: h200, model: m}\n")
+    async with Fleet.from_file(path) as fleet:
+        ports = [p.port for p in fleet.pods.values()]
+        assert all(ports) and len(set(ports)) == 2 and fleet.control_url is None
+        assert fleet.pod("pod-0").profile.model_size == "3b"
+    assert not any(p.up for p in fleet.pods.values())

@@ -72,6 +72,9 @@ class ListenerInputs:
     sds_dir: Path
     access_log_path: str | None
     jwt_base_dir: Path | None = None
+    # Set: routes come from the watched RDS file under this state dir (igw_envoy.xds);
+    # None: routes are inline (a self-contained bootstrap, e.g. for `envoy --mode validate`).
+    rds_state_dir: Path | None = None
 
 
 def listener(config: GatewayConfig, inputs: ListenerInputs) -> dict:
@@ -140,10 +143,18 @@ def http_connection_manager(config: GatewayConfig, inputs: ListenerInputs) -> di
         "http2_protocol_options": h2_options(config.bbr.max_request_body_bytes),
         "early_header_mutation_extensions": [early_strip()],
         "http_filters": http_filters(config, inputs),
-        "route_config": route_config(config),
+        **_routes(config, inputs),
         "local_reply_config": replies.local_reply_config(config.bbr.max_request_body_bytes),
         "access_log": replies.access_log(inputs.access_log_path),
     }
+
+
+def _routes(config: GatewayConfig, inputs: ListenerInputs) -> dict:
+    if inputs.rds_state_dir is None:
+        return {"route_config": route_config(config)}
+    from igw_envoy.xds import rds_config
+
+    return {"rds": rds_config(inputs.rds_state_dir)}
 
 
 def h2_options(body_limit: int) -> dict:
@@ -203,7 +214,7 @@ def ext_proc_filter(config: GatewayConfig) -> dict:
             "status_on_error": {"code": "ServiceUnavailable"},
             "processing_mode": {
                 "request_header_mode": "SEND",
-                "response_header_mode": __import__("os").environ.get("IGW_EXP_RESP","SKIP"),
+                "response_header_mode": "SKIP",
                 "request_body_mode": "BUFFERED",
                 "response_body_mode": "NONE",
                 "request_trailer_mode": "SKIP",

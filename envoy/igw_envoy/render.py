@@ -20,12 +20,13 @@ from pathlib import Path
 import yaml
 
 from igw_envoy.binary import validate_config
-from igw_envoy.clusters import picker_cluster, pool_cluster
+from igw_envoy.clusters import picker_cluster
 from igw_envoy.eds import cluster_name, eds_path, write_endpoints
 from igw_envoy.jwt import jwks_cluster
 from igw_envoy.listener import ListenerInputs, listener
 from igw_envoy.sds import write_secret
 from igw_envoy.tls import TlsFiles, ensure_self_signed, generated_files, reload_dir
+from igw_envoy.xds import cds_config, pool_clusters, write_dynamic, written_versions
 from picker.config import ConfigError, GatewayConfig, load_config
 
 log = logging.getLogger(__name__)
@@ -88,20 +89,29 @@ def default_paths(
     )
 
 
-def render_bootstrap(config: GatewayConfig, paths: RenderPaths) -> dict:
-    """The whole Envoy bootstrap as a dict (no file is touched)."""
-    limit = config.bbr.max_request_body_bytes
+def render_bootstrap(config: GatewayConfig, paths: RenderPaths, *, dynamic: bool = False) -> dict:
+    """The whole Envoy bootstrap as a dict (no file is touched).
+
+    `dynamic=False` inlines the pool clusters and the routes: one self-contained
+    document (what `igw render-envoy` prints and `envoy --mode validate` checks).
+    `dynamic=True` is what `write_bootstrap` runs: pool clusters and routes come
+    from the watched CDS and RDS files (igw_envoy.xds), so a config reload can
+    add or remove pools without restarting Envoy.
+    """
     picker_host, _, picker_port = paths.picker_address.rpartition(":")
     clusters = [picker_cluster(picker_host.strip("[]"), int(picker_port))]
-    clusters += [
-        pool_cluster(cluster_name(s.name), paths.eds_dir, limit, config.max_fallbacks)
-        for s in config.schedulers
-    ]
+    if not dynamic:
+        clusters += pool_clusters(config, paths.eds_dir)
     if config.jwt is not None and config.jwt.jwks_uri:
         clusters.append(jwks_cluster(config.jwt.jwks_uri))
-    inputs = ListenerInputs(paths.sds_dir, paths.access_log, paths.jwt_base_dir)
+    inputs = ListenerInputs(
+        paths.sds_dir,
+        paths.access_log,
+        paths.jwt_base_dir,
+        rds_state_dir=paths.state_dir if dynamic else None,
+    )
     node_name = f"igw-{config.name}"
-    return {
+    bootstrap: dict = {
         "node": {"id": node_name, "cluster": node_name},
         "admin": {
             "address": {
@@ -111,6 +121,9 @@ def render_bootstrap(config: GatewayConfig, paths: RenderPaths) -> dict:
         "static_resources": {"listeners": [listener(config, inputs)], "clusters": clusters},
         "overload_manager": overload_manager(),
     }
+    if dynamic:
+        bootstrap["dynamic_resources"] = cds_config(paths.state_dir)
+    return bootstrap
 
 
 def overload_manager() -> dict:
@@ -153,13 +166,18 @@ def write_bootstrap(
     picker_address: str | None = None,
     jwt_base_dir: Path | None = None,
     validate: bool = False,
+    dynamic_files: bool = True,
 ) -> Path:
     """Write envoy.yaml and the files it reads into `state_dir`; returns envoy.yaml's path.
 
     Creates the self-signed certificate when `spec.tls` names no files, the
-    SDS file pointing at the certificate, and each pool's EDS file (from its
+    SDS file pointing at the certificate, each pool's EDS file (from its
     static endpoints; a pool without them gets an empty file only if it has
-    none yet, so membership the picker wrote survives a re-render).
+    none yet, so membership the picker wrote survives a re-render), and the
+    CDS and RDS files (igw_envoy.xds). `dynamic_files=False` leaves CDS/RDS
+    files that already exist alone: once the picker runs it owns them (it
+    rewrites them on every config reload), and an Envoy restart must come back
+    with the pools the picker serves, not with the file's first version.
     """
     paths = default_paths(
         config,
@@ -176,9 +194,18 @@ def write_bootstrap(
         name = cluster_name(sched.name)
         if sched.endpoints or not eds_path(paths.eds_dir, name).exists():
             write_endpoints(paths.eds_dir, name, sched.endpoints)
-    paths.bootstrap.write_text(to_yaml(render_bootstrap(config, paths)))
+    if dynamic_files or None in written_versions(paths.state_dir):
+        write_dynamic(config, paths.state_dir)
+    paths.bootstrap.write_text(to_yaml(render_bootstrap(config, paths, dynamic=True)))
     if validate:
         validate_config(paths.bootstrap)
+        # Validate mode does not read xDS files: check clusters and routes inline too.
+        inline = paths.state_dir / "envoy.validate.yaml"
+        inline.write_text(to_yaml(render_bootstrap(config, paths)))
+        try:
+            validate_config(inline)
+        finally:
+            inline.unlink(missing_ok=True)
     return paths.bootstrap
 
 

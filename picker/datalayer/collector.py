@@ -59,11 +59,17 @@ class CollectorOptions:
 
 def next_delay(metrics: MetricsConfig, failures: int, options: CollectorOptions,
                rand: random.Random) -> float:
-    """Sleep before the next scrape: the interval with jitter, doubled per failure, capped."""
+    """Sleep before the next scrape: the interval with jitter, doubled per failure, capped.
+
+    The cap is `max_backoff_s` or half the pool's stale window, whichever is
+    shorter (never below the interval): a pod that comes back is seen again
+    well within the freshness the pool asks for.
+    """
     base = metrics.interval_s
     if failures > 0:
+        cap = min(options.max_backoff_s, max(base, metrics.stale_after_s / 2))
         backed_off = base * 2 ** min(failures, MAX_BACKOFF_EXPONENT)
-        base = max(base, min(backed_off, options.max_backoff_s))
+        base = max(base, min(backed_off, cap))
     return max(0.0, base * (1.0 + rand.uniform(-options.jitter, options.jitter)))
 
 

@@ -1,0 +1,321 @@
+"""A Docker engine and registry-less images for the compose test, and the stack itself.
+
+This machine (and CI) has no image registry and containers cannot reach the
+package index, so `.ci/docker-setup` builds what a registry would give:
+dockerd started if none answers, a Debian bookworm base image (debootstrap
+then `docker import`), a Prometheus image from the host's Debian binary, and
+a wheelhouse of the project's dependencies (which the Dockerfile installs
+offline when it finds one in the build context). The images are cached in
+Docker across runs; everything else the test creates is removed at the end.
+
+Every wait is bounded; dockerd is stopped at the end only if this module
+started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUP = ROOT / ".ci" / "docker-setup"
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+BASE_IMAGE = "igw-local/python:3.11-bookworm"
+PROMETHEUS_IMAGE = "igw-local/prometheus:debian"
+STATE_CA = "/var/lib/igw/tls/ca.pem"
+
+DOCKERD_TIMEOUT_S = 90
+BASE_IMAGE_TIMEOUT_S = 900
+WHEELHOUSE_TIMEOUT_S = 900
+BUILD_UP_TIMEOUT_S = 900
+DOWN_TIMEOUT_S = 120
+READY_TIMEOUT_S = 120
+
+
+class CommandError(RuntimeError):
+    """A command failed; the message carries its output's tail."""
+
+
+def run(
+    argv: Sequence[str | Path],
+    timeout: float,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run to completion with a deadline; on failure raise with the output's tail."""
+    argv = [str(a) for a in argv]
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise CommandError(f"{' '.join(argv)}: no result in {timeout:.0f} s") from exc
+    if check and proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-4000:]
+        raise CommandError(f"{' '.join(argv)}: exit {proc.returncode}\n{tail}")
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def docker_cli() -> str | None:
+    """Debian's docker CLI (same version as its dockerd) when present, else any on PATH."""
+    return shutil.which("/usr/bin/docker") or shutil.which("docker")
+
+
+def compose_cli(docker: str | None) -> list[str] | None:
+    """docker-compose v1 (Debian's package) or the Compose v2 plugin, whichever exists."""
+    if shutil.which("docker-compose"):
+        return [str(shutil.which("docker-compose"))]
+    if docker is not None:
+        with contextlib.suppress(CommandError):
+            run([docker, "compose", "version"], timeout=20)
+            return [docker, "compose"]
+    return None
+
+
+def skip_reason() -> str | None:
+    """Why this machine cannot run the compose test, or None."""
+    if os.geteuid() != 0:
+        return "needs root (starts dockerd, runs debootstrap)"
+    docker = docker_cli()
+    missing = [
+        name
+        for name, found in (
+            ("docker CLI (apt-get install docker.io)", docker),
+            ("dockerd (apt-get install docker.io)", shutil.which("dockerd")),
+            ("docker-compose (apt-get install docker-compose)", compose_cli(docker)),
+            ("debootstrap (apt-get install debootstrap)", shutil.which("debootstrap")),
+            ("prometheus (apt-get install prometheus)", shutil.which("prometheus")),
+        )
+        if not found
+    ]
+    if missing:
+        return "missing: " + ", ".join(missing) + " (IGW_DOCKER_TESTS=1 make system-deps)"
+    return None
+
+
+@dataclass
+class DockerEnv:
+    """What the compose test runs with; `timings` holds each set-up step's seconds."""
+
+    docker: str
+    compose: list[str]
+    started_dockerd: bool
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
+        env.update(
+            IGW_BASE_IMAGE=BASE_IMAGE,
+            IGW_PROMETHEUS_IMAGE=PROMETHEUS_IMAGE,
+            PYTHON=sys.executable,
+        )
+        env.update(extra)
+        return env
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        timings[name] = round(time.monotonic() - start, 1)
+
+
+@contextlib.contextmanager
+def docker_environment() -> Iterator[DockerEnv]:
+    """A running Docker engine, the cached base and Prometheus images, a fresh wheelhouse.
+
+    Skips when the machine cannot have them (not root, packages missing,
+    dockerd will not start); a failure after that is a test failure.
+    """
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    docker, compose = docker_cli(), compose_cli(docker_cli())
+    assert docker is not None and compose is not None
+    timings: dict[str, float] = {}
+    with _timed(timings, "dockerd"):
+        started = run([SETUP, "dockerd"], timeout=DOCKERD_TIMEOUT_S, check=False)
+    if started.returncode != 0:
+        pytest.skip(f"dockerd cannot start here: {started.stderr.strip()[-500:]}")
+    denv = DockerEnv(docker, compose, started.stdout.strip().endswith("started"), timings)
+    wheelhouse = ROOT / "wheelhouse"
+    created_wheelhouse = not wheelhouse.exists()
+    try:
+        with _timed(timings, "base_image"):
+            run([SETUP, "base-image"], timeout=BASE_IMAGE_TIMEOUT_S, env=denv.env())
+        with _timed(timings, "prometheus_image"):
+            run([SETUP, "prometheus-image"], timeout=300, env=denv.env())
+        with _timed(timings, "wheelhouse"):
+            run([SETUP, "wheelhouse", wheelhouse], timeout=WHEELHOUSE_TIMEOUT_S, env=denv.env())
+        yield denv
+    finally:
+        if created_wheelhouse:
+            shutil.rmtree(wheelhouse, ignore_errors=True)
+        if denv.started_dockerd:
+            run([SETUP, "stop-dockerd"], timeout=60, check=False)
+
+
+@dataclass
+class ComposeStack:
+    """One `docker-compose up` of docker-compose.yml under a project name of its own."""
+
+    denv: DockerEnv
+    project: str
+    image: str
+    https_port: int
+    prometheus_port: int
+    ca_file: Path
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.https_port}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    def env(self) -> dict[str, str]:
+        return self.denv.env(
+            COMPOSE_PROJECT_NAME=self.project,
+            IGW_IMAGE=self.image,
+            IGW_HTTPS_PORT=str(self.https_port),
+            IGW_PROMETHEUS_PORT=str(self.prometheus_port),
+        )
+
+    def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        argv = [*self.denv.compose, "-f", str(COMPOSE_FILE), "-p", self.project, *args]
+        return run(argv, timeout=timeout, env=self.env())
+
+    def docker(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return run([self.denv.docker, *args], timeout=timeout)
+
+    def container(self, service: str) -> str:
+        cid = self.compose("ps", "-q", service).stdout.strip()
+        if not cid:
+            raise CommandError(f"no container for service {service}")
+        return cid
+
+    def inspect(self, service: str) -> dict:
+        return json.loads(self.docker("inspect", self.container(service)).stdout)[0]
+
+    def logs(self, tail: int = 60) -> str:
+        with contextlib.suppress(CommandError):
+            return self.compose("logs", "--no-color", f"--tail={tail}").stdout
+        return "(no logs)"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def prometheus_query(self, query: str) -> list[dict]:
+        reply = httpx.get(f"{self.prometheus_url}/api/v1/query", params={"query": query}, timeout=5)
+        reply.raise_for_status()
+        return reply.json()["data"]["result"]
+
+
+def wait_for(what: str, probe, timeout: float, interval: float = 1.0):
+    """Call `probe` until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = probe()
+        except (httpx.HTTPError, OSError, CommandError, KeyError, ValueError) as exc:
+            last_error, result = exc, None
+        if result:
+            return result
+        time.sleep(interval)
+    raise TimeoutError(f"{what}: not within {timeout:.0f} s (last error: {last_error})")
+
+
+def _dangling_images(docker: str) -> set[str]:
+    out = run([docker, "images", "-q", "--no-trunc", "-f", "dangling=true"], timeout=30)
+    return set(out.stdout.split())
+
+
+def _containers(docker: str) -> set[str]:
+    """Every container, running or not (a failed classic build leaves one behind)."""
+    return set(run([docker, "ps", "-a", "-q", "--no-trunc"], timeout=30).stdout.split())
+
+
+@contextlib.contextmanager
+def compose_stack(denv: DockerEnv, workdir: Path) -> Iterator[ComposeStack]:
+    """`up -d --build`, wait until the gateway answers with its CA, yield; then
+    `down -v` and remove the image it built (the cached base images stay)."""
+    project = f"igwtest{os.getpid()}"
+    stack = ComposeStack(
+        denv=denv,
+        project=project,
+        image=f"igw-test/inference-gateway:{project}",
+        https_port=free_port(),
+        prometheus_port=free_port(),
+        ca_file=workdir / "ca.pem",
+    )
+    dangling_before = _dangling_images(denv.docker)
+    containers_before = _containers(denv.docker)
+    try:
+        with _timed(denv.timings, "compose_up_build"):
+            stack.compose("up", "-d", "--build", timeout=BUILD_UP_TIMEOUT_S)
+        with _timed(denv.timings, "gateway_ready"):
+            _wait_ready(stack)
+        yield stack
+    except Exception as exc:
+        raise CommandError(f"{exc}\n--- compose logs ---\n{stack.logs()}") from exc
+    finally:
+        with _timed(denv.timings, "compose_down"):
+            with contextlib.suppress(CommandError):
+                stack.compose("down", "-v", "--remove-orphans", "-t", "10", timeout=DOWN_TIMEOUT_S)
+            leftover = _containers(denv.docker) - containers_before
+            if leftover:
+                run([denv.docker, "rm", "-f", "-v", *sorted(leftover)], timeout=120, check=False)
+            with contextlib.suppress(CommandError):
+                run([denv.docker, "rmi", "-f", stack.image], timeout=60)
+            new = _dangling_images(denv.docker) - dangling_before
+            if new:
+                run([denv.docker, "rmi", "-f", *sorted(new)], timeout=120, check=False)
+
+
+def _wait_ready(stack: ComposeStack) -> None:
+    """Gateway container healthy (Envoy and picker), its CA copied out, HTTPS verified."""
+
+    def healthy() -> bool:
+        state = stack.inspect("gateway")["State"]
+        if state["Status"] in ("exited", "dead"):
+            raise AssertionError(f"gateway container {state['Status']}: {state}")
+        return state.get("Health", {}).get("Status") == "healthy"
+
+    wait_for("gateway container healthy", healthy, READY_TIMEOUT_S)
+    gateway = stack.container("gateway")
+    stack.docker("cp", f"{gateway}:{STATE_CA}", str(stack.ca_file))
+
+    def answers() -> bool:
+        with httpx.Client(verify=stack.ssl_context(), timeout=5) as client:
+            return client.get(f"{stack.url}/healthz").status_code == 200
+
+    wait_for("gateway HTTPS on the published port", answers, 30)

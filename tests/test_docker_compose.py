@@ -1,0 +1,173 @@
+"""`docker-compose up` for real: the image built from the Dockerfile, the gateway in
+front of one simulated pod per container, Prometheus scraping them all.
+
+Needs root and Debian's docker.io, docker-compose, debootstrap and prometheus
+(`IGW_DOCKER_TESTS=1 make system-deps`); skips with the reason otherwise. No
+image registry is needed: tests/docker_env.py builds what one would give. The
+client side talks only to the ports the compose file publishes on 127.0.0.1.
+First run about 4 minutes on 2 cores (debootstrap included), later runs less.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.docker_env import (
+    ComposeStack,
+    DockerEnv,
+    compose_stack,
+    docker_environment,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(1800)]
+
+MODEL = "llama-3.1-8b"
+PODS = ("pod-h100-0", "pod-h100-1", "pod-a10g-0")
+IGW_SERVICES = ("gateway", *PODS)
+SCRAPE_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="module")
+def denv() -> Iterator[DockerEnv]:
+    with docker_environment() as env:
+        yield env
+        print(f"\ndocker compose test timings (s): {json.dumps(env.timings)}", file=sys.stderr)
+
+
+@pytest.fixture(scope="module")
+def stack(denv: DockerEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
+    with compose_stack(denv, tmp_path_factory.mktemp("compose")) as running:
+        yield running
+
+
+@pytest.fixture
+def client(stack: ComposeStack) -> Iterator[openai.OpenAI]:
+    http = httpx.Client(verify=stack.ssl_context(), timeout=30)
+    with http:
+        yield openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", http_client=http)
+
+
+def test_containers_are_healthy_non_root_and_published_on_loopback_only(
+    stack: ComposeStack,
+) -> None:
+    for service in IGW_SERVICES:
+        info = stack.inspect(service)
+        assert info["State"]["Health"]["Status"] == "healthy", service
+        assert info["Config"]["User"] == "65532:65532", service
+        uid = stack.docker("exec", info["Id"], "id", "-u").stdout.strip()
+        assert uid == "65532", service
+    for service in (*IGW_SERVICES, "prometheus"):
+        bindings = stack.inspect(service)["HostConfig"]["PortBindings"] or {}
+        for port, binds in bindings.items():
+            assert all(b["HostIp"] == "127.0.0.1" for b in binds), (service, port, binds)
+    published = {
+        service: sorted(stack.inspect(service)["HostConfig"]["PortBindings"] or {})
+        for service in (*IGW_SERVICES, "prometheus")
+    }
+    assert published == {
+        "gateway": ["8443/tcp"],
+        "pod-h100-0": [],
+        "pod-h100-1": [],
+        "pod-a10g-0": [],
+        "prometheus": ["9090/tcp"],
+    }
+
+
+def test_chat_completion_with_the_openai_client(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello from a container."}],
+        max_tokens=16,
+    )
+    assert reply.model == MODEL
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Stream a few tokens."}],
+            max_tokens=8,
+            stream=True,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+
+
+def test_chat_completion_with_curl(stack: ComposeStack) -> None:
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    )
+    out = subprocess.run(
+        [
+            "curl", "-sS", "--max-time", "30", "--cacert", str(stack.ca_file),
+            "-H", "content-type: application/json", "-d", body,
+            "-w", "\n%{http_code}", f"{stack.url}/v1/chat/completions",
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    payload, status = out.stdout.rsplit("\n", 1)
+    assert status == "200", out.stdout
+    reply = json.loads(payload)
+    assert reply["model"] == MODEL
+    assert reply["choices"][0]["message"]["content"]
+
+
+def test_unknown_model_is_an_openai_style_404(stack: ComposeStack) -> None:
+    with httpx.Client(verify=stack.ssl_context(), timeout=30) as http:
+        reply = http.post(
+            f"{stack.url}/v1/chat/completions",
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
+        )
+    assert reply.status_code == 404
+    assert "no-such-model" in reply.json()["error"]["message"]
+
+
+def test_prometheus_scrapes_every_pod_and_the_gateway(
+    stack: ComposeStack, client: openai.OpenAI
+) -> None:
+    def targets_up() -> dict[str, str] | None:
+        up = {r["metric"]["instance"]: r["value"][1] for r in stack.prometheus_query("up")}
+        wanted = {f"{pod}:8000" for pod in PODS} | {"gateway:9090"}
+        return up if wanted <= set(up) and all(up[t] == "1" for t in wanted) else None
+
+    wait_for("every target up in Prometheus", targets_up, SCRAPE_TIMEOUT_S, interval=2)
+
+    for _ in range(3):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "count me"}], max_tokens=4
+        )
+
+    def pods_scraped() -> bool:
+        running = stack.prometheus_query('vllm:num_requests_running{job="igw-pods"}')
+        return {r["metric"]["instance"] for r in running} == {f"{p}:8000" for p in PODS}
+
+    wait_for("pod metrics in Prometheus", pods_scraped, SCRAPE_TIMEOUT_S, interval=2)
+
+    def gateway_counted() -> float:
+        result = stack.prometheus_query('sum(igw_requests_total{job="igw-gateway"})')
+        return float(result[0]["value"][1]) if result else 0.0
+
+    assert wait_for("igw_requests_total >= 3", lambda: gateway_counted() >= 3, SCRAPE_TIMEOUT_S)
+    ready = stack.prometheus_query('igw_pod_ready{job="igw-gateway"}')
+    assert {r["metric"]["pod"] for r in ready} == {f"{p}:8000" for p in PODS}
+
+
+def test_compose_file_is_the_one_under_test(stack: ComposeStack) -> None:
+    """Guards the fixture itself: the stack runs this checkout's compose file and image."""
+    assert stack.inspect("gateway")["Config"]["Image"] == stack.image
+    labels = stack.inspect("gateway")["Config"]["Labels"]
+    assert Path(labels["com.docker.compose.project.working_dir"]).resolve() == (
+        Path(__file__).resolve().parent.parent
+    )
