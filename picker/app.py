@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from igw_envoy.atomic import write_atomic
 from igw_envoy.eds import EndpointError, cluster_name, resolve_endpoints, write_endpoints
 from igw_envoy.xds import write_dynamic
 from picker.admin import AdminService
@@ -51,6 +53,7 @@ DRAIN_TIMEOUT_S = 30.0
 # How long a reload waits for Envoy to run the new clusters/routes before the
 # picker switches anyway (Envoy down or restarting: nothing is served meanwhile).
 ENVOY_APPLY_TIMEOUT_S = 10.0
+RELOAD_STATUS_FILE = "reload-status.json"
 OUTLIER_POLL_S = 0.25
 OUTLIER_IDLE_POLL_S = 2.0  # while Envoy's admin port does not answer
 
@@ -75,6 +78,7 @@ class PickerApp:
         self.datastore = Datastore(self.config)
         self.director = Director(self.datastore, self.metrics)
         self.collector = Collector(self.datastore)
+        self.metrics.attach_routing(self.director, self.collector.counters)
         self.metrics.attach(self.datastore, self._process_metrics)
         self.reloads = Counter(
             f"{PREFIX}_config_reloads",
@@ -184,9 +188,17 @@ class PickerApp:
             config = load_config(self.config_path)
         except ConfigError as exc:
             log.error("config reload refused, keeping the running config: %s", exc)
-            self.reloads.labels("refused").inc()
+            self._reload_status("refused", str(exc))
             return False
         return self.apply_config(config)
+
+    def _reload_status(self, result: str, message: str) -> None:
+        """Count the outcome and leave it in STATE_DIR/reload-status.json for operators."""
+        self.reloads.labels(result).inc()
+        status = {"result": result, "message": message, "config": str(self.config_path)}
+        with contextlib.suppress(OSError):
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.state_dir / RELOAD_STATUS_FILE, json.dumps(status).encode())
 
     def apply_config(self, config: GatewayConfig) -> bool:
         """Adopt a validated config (from the file or a watched resource) without a restart.
@@ -198,17 +210,17 @@ class PickerApp:
         """
         needs_restart = restart_only_changes(self.config, config)
         if needs_restart:
-            log.error(
-                "config change refused, keeping the running config: %s cannot change "
-                "while the gateway runs (restart `igw serve` to apply)",
-                ", ".join(needs_restart),
+            message = (
+                f"{', '.join(needs_restart)}: cannot change while the gateway runs "
+                "(restart `igw serve` to apply)"
             )
-            self.reloads.labels("refused").inc()
+            log.error("config change refused, keeping the running config: %s", message)
+            self._reload_status("refused", message)
             return False
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
-        self.reloads.labels("applied").inc()
+        self._reload_status("applied", f"pools: {', '.join(s.name for s in config.schedulers)}")
         added = self._added_members(config)
         try:
             loop = asyncio.get_running_loop()

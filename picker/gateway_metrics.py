@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from picker.datastore import Datastore
+
+if TYPE_CHECKING:
+    from picker.datalayer.stats import ScrapeCounters
+    from picker.director import Director
 
 PREFIX = "igw"
 SCHED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0)
@@ -71,6 +76,10 @@ class GatewayMetrics:
     ) -> None:
         """Export per-pod figures from the datastore (and anything `extra` yields)."""
         self.registry.register(_DatastoreCollector(datastore, extra))
+
+    def attach_routing(self, director: Director, scrapes: ScrapeCounters) -> None:
+        """Export admission queues, prefix-affinity outcome and scrape outcomes."""
+        self.registry.register(_RoutingCollector(director, scrapes))
 
     def picked(self, pool: str, pod: str, seconds: float) -> None:
         child = self._requests_by_pool.get(pool)
@@ -137,3 +146,47 @@ class _DatastoreCollector(Collector):
         yield from (picks, age, fresh)
         if self.extra is not None:
             yield from self.extra()
+
+
+class _RoutingCollector(Collector):
+    """Per-pool routing state and per-pod scrape outcomes, read at scrape time."""
+
+    def __init__(self, director: Director, scrapes: ScrapeCounters) -> None:
+        self.director = director
+        self.scrapes = scrapes
+
+    def collect(self) -> Iterator[Metric]:
+        queue = GaugeMetricFamily(
+            f"{PREFIX}_admission_queue_length", "Requests waiting in the gateway's admission "
+            "queue for a saturated pool.", labels=["pool"],
+        )
+        index = GaugeMetricFamily(
+            f"{PREFIX}_prefix_index_blocks", "Prompt blocks held in the pool's prefix-affinity "
+            "index (all pods).", labels=["pool"],
+        )
+        queried = CounterMetricFamily(
+            f"{PREFIX}_prefix_query_blocks", "Prompt blocks of routed requests.", labels=["pool"]
+        )
+        hit = CounterMetricFamily(
+            f"{PREFIX}_prefix_hit_blocks", "Prompt blocks the chosen pod was last sent "
+            "(hit ratio = hit / query).", labels=["pool"],
+        )
+        for name, sched in self.director.schedulers.items():
+            q = self.director.admission.get(name)
+            queue.add_metric([name], float(len(q)) if q is not None else 0.0)
+            index.add_metric([name], float(len(sched.state.prefix)))
+            queried.add_metric([name], float(sched.state.prefix_query_blocks))
+            hit.add_metric([name], float(sched.state.prefix_hit_blocks))
+        scrapes = CounterMetricFamily(
+            f"{PREFIX}_pod_scrapes", "Metrics scrapes of each pod, by outcome.",
+            labels=["pool", "pod", "outcome"],
+        )
+        duration = GaugeMetricFamily(
+            f"{PREFIX}_pod_scrape_duration_seconds", "Duration of the pod's last scrape.",
+            labels=["pool", "pod"],
+        )
+        for pool, address, stats in self.scrapes.items():
+            scrapes.add_metric([pool, address, "ok"], float(stats.ok))
+            scrapes.add_metric([pool, address, "failed"], float(stats.failed))
+            duration.add_metric([pool, address], stats.last_duration_s)
+        yield from (queue, index, queried, hit, scrapes, duration)

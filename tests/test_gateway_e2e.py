@@ -246,3 +246,28 @@ def test_inflight_accounting_returns_to_zero(stack, http):
             return
         time.sleep(0.1)
     pytest.fail(f"in-flight counts did not return to 0: {pods}")
+
+
+def test_gateway_metrics_exported(stack, http):
+    _, gw = stack
+    http.post("/v1/chat/completions", json=chat("no-such-model"))
+    http.post("/v1/chat/completions", json=chat(LLAMA, "metrics " * 40))
+    text = httpx.get(f"http://127.0.0.1:{gw.ports['metrics']}/metrics", timeout=10).text
+    for needle in (
+        'igw_requests_total{pool="llama"}',
+        'igw_request_errors_total{code="404"}',
+        "igw_scheduling_duration_seconds_bucket",
+        "# HELP igw_requests_shed_total",
+        'igw_pod_picks_total{pod="',
+        "igw_pod_waiting_requests{",
+        "igw_pod_kv_cache_usage_ratio{",
+        "igw_pod_inflight_requests{",
+        "igw_pod_observed_ttft_seconds{",
+        "igw_pod_metrics_age_seconds{",
+        'igw_pod_scrapes_total{outcome="ok"',
+        'igw_admission_queue_length{pool="llama"}',
+        'igw_prefix_index_blocks{pool="llama"}',
+        'igw_prefix_hit_blocks_total{pool="llama"}',
+        'igw_prefix_query_blocks_total{pool="llama"}',
+    ):
+        assert needle in text, needle

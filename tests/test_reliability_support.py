@@ -210,7 +210,7 @@ def _role(pid: int) -> str:
     text = b" ".join(argv)
     if b"-m picker" in text or b"picker/__main__" in text:
         return "picker"
-    if argv and argv[0].endswith(b"envoy") or b"envoy.yaml" in text:
+    if (argv and argv[0].endswith(b"envoy")) or b"envoy.yaml" in text:
         return "envoy"
     if b"simulator" in text:
         return "simulator"

@@ -90,6 +90,12 @@ class ScoringContext:
             self._matched = matched if matched.any() else _NONE
         return None if self._matched is _NONE else self._matched
 
+    def matched_blocks_at(self, position: int) -> float:
+        """Blocks matched on one candidate if a scorer computed the match, else 0."""
+        if self._matched is None or self._matched is _NONE:
+            return 0.0
+        return float(self._matched[position])
+
     def prefix_fraction(self) -> np.ndarray | None:
         """Matched / total blocks per candidate, or None when there is no hit at all."""
         matched = self.prefix_matched()

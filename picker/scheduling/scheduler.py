@@ -112,6 +112,9 @@ class Scheduler:
         else:
             totals = self._totals(ctx, profile) if profile.picker.uses_scores else np.zeros(n)
             positions = profile.picker.choose(totals, 1 + self.max_fallbacks, self.rng)
+        if len(req.prefix_hashes):
+            self.state.prefix_query_blocks += len(req.prefix_hashes)
+            self.state.prefix_hit_blocks += int(ctx.matched_blocks_at(int(positions[0])))
         rows = tuple(ctx.rows[positions].tolist())
         addresses = tuple(self.pool.row_address[r] or "" for r in rows)
         scores = tuple(totals[positions].tolist())

@@ -39,6 +39,10 @@ class PoolState:
         self.prefix = PrefixIndex(blocks_per_pod)
         self.mean_prompt = 0.0
         self.mean_output = 0.0
+        # Prefix affinity outcome, for the gateway's metrics: prompt blocks asked
+        # about, and how many of them the chosen pod already had.
+        self.prefix_query_blocks = 0
+        self.prefix_hit_blocks = 0
         self._version = -1
         self._owners: list[str | None] = []
         self.since_tokens = np.zeros(0)
