@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from bench import envoy_baseline
@@ -46,6 +47,7 @@ from bench.procs import (
 from igw_envoy.binary import envoy_command
 
 START_TIMEOUT_S = 60.0
+PROBE_TEXT = " ".join(f"probe {i} of the router readiness check" for i in range(40))
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -124,10 +126,10 @@ def _pool_ports(fleet: SimFleet) -> dict[str, list[str]]:
 def _probe(url: str, model: str, tls: TlsMaterial | None) -> bool:
     """One tiny real request through the router: the only readiness that means the same
     thing for every router (listener up, workers registered, a pod reachable)."""
-    data = (
-        b'{"model": "' + model.encode() + b'", "messages": [{"role": "user", "content": '
-        b'"ready?"}], "max_tokens": 1}'
-    )
+    # a prompt of ordinary size: the gateway learns pod speeds from every request, and a
+    # 5-token probe would teach it a meaningless prefill rate
+    data = orjson.dumps({"model": model, "max_tokens": 1, "messages": [
+        {"role": "user", "content": PROBE_TEXT}]})
     req = urllib.request.Request(url + CHAT_PATH, data=data,
                                  headers={"content-type": "application/json"})
     ctx = ssl.create_default_context(cafile=str(tls.ca)) if (tls and url.startswith("https")) \
@@ -179,6 +181,10 @@ class Router:
     def stop(self) -> None:
         for child in reversed(self.children):
             child.stop(timeout=20)
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Router-side state worth keeping with the results (after the run)."""
+        return {}
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "label": self.spec.label, "kind": self.spec.kind,
@@ -243,6 +249,15 @@ class GatewayRouter(Router):
         self.urls = {model: base for model in fleet.pools()}
         self.admin_port = admin
 
+    def diagnostics(self) -> dict[str, Any]:
+        """The picker's view of every pod after the run (learned speeds, picks)."""
+        try:
+            from igw.admin_client import list_pools
+
+            return {"pools": list_pools(f"127.0.0.1:{self.admin_port}")}
+        except Exception as exc:  # diagnostics must never fail a run
+            return {"error": str(exc)}
+
     def pids(self) -> dict[str, int]:
         root = self.children[0].pid
         out = {"igw-supervisor": root}
@@ -290,7 +305,7 @@ class _RustRouter(Router):
     def start(self, work: Path, fleet: SimFleet, tls: TlsMaterial, time_scale: float) -> None:
         self.tls = tls
         pools = _pool_ports(fleet)
-        ports = free_ports(len(pools) + 1)
+        ports = free_ports(2 * len(pools))
         state = work / f"{self.spec.kind}-{self.spec.policy}"
         state.mkdir(parents=True, exist_ok=True)
         self.children = []
@@ -300,6 +315,9 @@ class _RustRouter(Router):
                 "--host", "127.0.0.1", "--port", str(ports[i]),
                 "--policy", self.spec.policy,
                 "--log-level", self.log_level,
+                # each router's own Prometheus exporter needs a port of its own
+                "--prometheus-host", "127.0.0.1",
+                "--prometheus-port", str(ports[len(pools) + i]),
                 "--worker-urls", *[f"http://{a}" for a in addrs],
                 *self.extra_args(),
             ]
@@ -310,7 +328,7 @@ class _RustRouter(Router):
             child = start_child(f"{self.spec.kind}-{i}", argv, log)
             self.children.append(child)
             self.urls[model] = f"{self.scheme}://127.0.0.1:{ports[i]}"
-        for child, port in zip(self.children, ports, strict=False):
+        for child, port in zip(self.children, ports[: len(pools)], strict=True):
             wait_until(lambda p=port: port_open(p), child, START_TIMEOUT_S, child.name)
 
 

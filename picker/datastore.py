@@ -28,7 +28,7 @@ FLOAT_COLUMNS = (
     "max_lora",
     "scraped_at",
     "scrape_failures",
-    # learned speed (see picker.speed)
+    # learned speed (see picker.datalayer.speed)
     "prefill_tps",
     "decode_step_s",
     "ttft_s",
