@@ -36,6 +36,8 @@ from picker.datalayer.speed import SpeedLearner
 from picker.datalayer.standin import StandInPod, free_port
 from picker.datalayer.stats import ScrapeCounters
 from picker.datastore import Datastore, Pool
+from picker.scheduling.request import SchedulingRequest
+from picker.scheduling.scheduler import Scheduler
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
 COMPARED_COLUMNS = ("waiting", "running", "kv_usage", "max_lora", "kv_block_size",
@@ -308,6 +310,17 @@ def _same_columns(prom: Pool, direct: Pool, address: str) -> dict[str, tuple[flo
     return diff
 
 
+def _same_picks(prom: Pool, direct: Pool) -> None:
+    """Same columns must mean same routing: the schedulers pick the same pods, in order."""
+    now = time.monotonic()
+    for adapter in (None, "sql", "chat"):
+        req = SchedulingRequest("m", adapter, 300, 64, np.empty(0, np.uint64))
+        a = Scheduler(prom, max_fallbacks=1, rng=np.random.default_rng(7)).pick(req, now)
+        b = Scheduler(direct, max_fallbacks=1, rng=np.random.default_rng(7)).pick(req, now)
+        assert a.addresses == b.addresses, adapter
+        assert a.scores == pytest.approx(b.scores), adapter
+
+
 @pytest.fixture
 async def standins() -> AsyncIterator[list[StandInPod]]:
     pods: list[StandInPod] = []
@@ -350,6 +363,7 @@ async def test_prometheus_source_matches_direct_scraping(prometheus_factory, sta
         await _wait(all_ok, "both pools to have good rows")
         for address in addresses:
             assert _same_columns(prom, scraped, address) == {}, address
+        _same_picks(prom, scraped)
         row0 = _row(prom, addresses[0])
         assert prom.table.waiting[row0] == 3 and prom.table.lora_running[row0].sum() == 1
         assert prom.table.ttft_s[row0] == pytest.approx(0.12)
@@ -365,6 +379,7 @@ async def test_prometheus_source_matches_direct_scraping(prometheus_factory, sta
         for address in addresses:
             assert _same_columns(prom, scraped, address) == {}, address
         assert prom.table.waiting[row0] == 8
+        _same_picks(prom, scraped)
 
         # a pod goes away: Prometheus marks its series stale, the source marks the row not ok
         await standins[1].stop()
