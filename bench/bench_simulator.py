@@ -295,11 +295,13 @@ def summarize(pods: int, rate: float, ttfts: list[float | None],
 
 def table(results: list[StepResult]) -> str:
     head = ("| pods | rate (req/s) | requests | failed | sim CPU / req (µs) | sim CPU (% of a core)"
-            " | tokens/s | load avg | noise p95 (ms) | lateness p50 / p95 / p99 / max (ms)"
-            " | client TTFT mean (ms) | model TTFT mean (ms) | sustained |\n|" + " --- |" * 13)
+            " | tokens/s | sim CPU / token (µs) | load avg | noise p95 (ms)"
+            " | lateness p50 / p95 / p99 / max (ms) | client TTFT mean (ms)"
+            " | model TTFT mean (ms) | sustained |\n|" + " --- |" * 14)
     rows = [
         f"| {r.pods} | {r.rate:g} | {r.requests} | {r.failures} | {r.cpu_per_request_us:.0f} | "
         f"{100 * r.sim_cpu_s / LOAD_SECONDS:.0f} | {r.tokens / LOAD_SECONDS:.0f} | "
+        f"{1e6 * r.sim_cpu_s / max(1, r.tokens):.0f} | "
         f"{r.load_avg:.1f} | {r.noise_p95_ms:.2f} | "
         f"{r.lateness_p50_ms:.2f} / {r.lateness_p95_ms:.2f} / {r.lateness_p99_ms:.2f} / "
         f"{r.lateness_max_ms:.2f} | "
