@@ -9,16 +9,23 @@ import logging
 import sys
 from pathlib import Path
 
-from picker.config import ConfigError, load_config
+from picker.config import ConfigError, GatewayConfig, load_config
 
 ADMIN_DEFAULT = "127.0.0.1:9003"
 
 
-def _cmd_validate(args: argparse.Namespace) -> int:
+def _load(path: Path) -> GatewayConfig | None:
+    """The config, or None after printing its one-line error."""
     try:
-        config = load_config(args.file)
+        return load_config(path)
     except ConfigError as exc:
-        print(f"{args.file}: {exc}", file=sys.stderr)
+        print(f"{path}: {exc}", file=sys.stderr)
+        return None
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    config = _load(args.file)
+    if config is None:
         return 1
     pools = ", ".join(f"{s.name} ({s.model_name})" for s in config.schedulers)
     print(f"{args.file}: valid; pools: {pools}")
@@ -28,10 +35,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_render_envoy(args: argparse.Namespace) -> int:
     from igw_envoy.render import render_yaml
 
-    try:
-        config = load_config(args.file)
-    except ConfigError as exc:
-        print(f"{args.file}: {exc}", file=sys.stderr)
+    config = _load(args.file)
+    if config is None:
         return 1
     print(render_yaml(config, args.state_dir))
     return 0
@@ -40,10 +45,7 @@ def _cmd_render_envoy(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from igw.gateway import serve
 
-    try:
-        load_config(args.config)
-    except ConfigError as exc:
-        print(f"{args.config}: {exc}", file=sys.stderr)
+    if _load(args.config) is None:
         return 1
     return asyncio.run(serve(args.config, args.state_dir, args.port, args.drain_timeout))
 
