@@ -5,8 +5,10 @@
   cannot slow the arrivals down. The only bound is a concurrency cap (default 4,096
   open requests): an arrival that finds the cap full is not sent and is counted as an
   error (`dropped`), never delayed. A total time cap ends the run; requests still open
-  then are cut (`cut`) and counted as errors, their TTFT censored at the time they had
-  waited (a lower bound, which flatters the slower router, never ours).
+  then are cut: without a first token yet they count as errors (`cut`), their TTFT
+  censored at the time they had waited (a lower bound, which flatters the slower router,
+  never ours); already streaming they are `unfinished` (TTFT known, E2E unknown), not
+  errors.
 - **Per request:** TTFT = first chunk carrying content (not the role-only chunk);
   end-to-end latency = last byte; output tokens from the final usage chunk
   (`stream_options.include_usage`), else counted chunks; HTTP status; the pod that
@@ -212,10 +214,13 @@ class LoadGenerator:
                     if stream.first is None:
                         error = "no content"
         except asyncio.CancelledError:
-            # cut by the time cap: TTFT is known or censored at the time waited so far
+            # cut by the time cap. Streaming already: TTFT is known and the request is only
+            # unfinished (E2E unknown). No first token yet: an error, TTFT censored at the
+            # time waited so far (a lower bound).
             now = time.monotonic()
             ttft = ((stream.first or now) - sent) * self.scale
-            self._finish(self._result(spec, target, status, "cut", ttft, None, stream.tokens(),
+            error = "unfinished" if stream.first is not None else "cut"
+            self._finish(self._result(spec, target, status, error, ttft, None, stream.tokens(),
                                       pod, None, lateness_ms, stream.in_window()))
             self.in_flight -= 1
             raise

@@ -37,6 +37,7 @@ from picker.datastore import Datastore, Pod, Pool
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_EXPONENT = 16
+FIRST_SCRAPE_SPREAD_S = 0.1
 
 
 class ScrapeError(Exception):
@@ -228,8 +229,11 @@ class MetricsCollector:
     # scraping ----------------------------------------------------------------
 
     async def _pod_loop(self, pool: Pool, pod: Pod) -> None:
-        """Scrape one pod until cancelled; the first scrape is spread over one interval."""
-        await asyncio.sleep(self._rand.uniform(0.0, pool.config.metrics.interval_s))
+        """Scrape one pod until cancelled. The first scrape is spread over at most
+        `FIRST_SCRAPE_SPREAD_S` (not a whole interval): a new pod cannot be picked
+        until it is scraped once, so a long interval must not keep it out that long."""
+        spread = min(pool.config.metrics.interval_s, FIRST_SCRAPE_SPREAD_S)
+        await asyncio.sleep(self._rand.uniform(0.0, spread))
         failures = 0
         while True:
             try:

@@ -1,0 +1,244 @@
+"""`igw bench`: routing benchmarks on simulated fleets, and the per-request overhead benchmark.
+
+    igw bench --scenario all                       # every scenario, every router (~20 min)
+    igw bench --scenario mixed --routers igw-llm-d,envoy-rr --duration 20
+    igw bench --smoke                              # seconds: tiny fleet, two routers
+    igw bench --overhead                           # added latency and CPU per request
+    igw bench --guidellm-check                     # TTFT cross-check with guidellm
+
+Results: bench/results/REPORT.md (+ <scenario>.json, PNG plots) for a full run;
+a partial run writes to bench/results/partial/ unless --out says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.routers import DEFAULT_ROUTERS, ROUTERS, parse_routers, versions
+from bench.scenarios import ALL, SCENARIOS
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# Published results of this kind of gateway vs Kubernetes round-robin (the issue's rows):
+# (row, pool model or None for the whole scenario, Δ TTFT p95 %, Δ p99 %, Δ throughput %);
+# None = "comparable".
+PUBLISHED: dict[str, list[tuple[str, str | None, float | None, float | None, float | None]]] = {
+    "mixed": [("Llama-3.1-8B", "llama-3.1-8b", -97, -97, 8),
+              ("Qwen3-32B", "qwen3-32b", -98, -97, 50)],
+    "bursty": [("Llama-3.1-70B", None, -94, -98, 12), ("Qwen3-235B", None, None, -89, None)],
+    "prefix": [("Llama-3.1-8B", None, -26, -43, None)],
+    "uniform": [("Qwen3-235B", None, None, None, None)],
+}
+COMPARABLE_PCT = 10.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="igw bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", default="all",
+                   help=f"all or a comma list of: {', '.join([*ALL, 'tiny'])}")
+    p.add_argument("--routers", default=None,
+                   help=f"comma list (default: {','.join(DEFAULT_ROUTERS)}); known: "
+                        f"{','.join(ROUTERS)}")
+    p.add_argument("--duration", type=float, default=None,
+                   help="wall seconds of arrivals per router run (default: per scenario)")
+    p.add_argument("--time-scale", type=float, default=None,
+                   help="override every scenario's simulator time_scale")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny scenario, gateway llm-d + Envoy round robin, a few seconds each")
+    p.add_argument("--out", type=Path, default=None, help="results directory")
+    p.add_argument("--work", type=Path, default=None,
+                   help="scratch directory for configs and logs (default: a temp dir)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--overhead", action="store_true",
+                   help="run the overhead benchmark (bench/overhead.py) instead")
+    p.add_argument("--guidellm-check", action="store_true",
+                   help="cross-check our TTFT against guidellm on one scenario")
+    return p
+
+
+def _scenarios(text: str) -> list[str]:
+    names = list(ALL) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenario(s): {', '.join(unknown)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.overhead:
+        from bench.overhead import main as overhead_main
+
+        return overhead_main(["--out", str(args.out)] if args.out else [])
+    if args.guidellm_check:
+        from bench.guidellm_check import main as check_main
+
+        return check_main(["--out", str(args.out)] if args.out else [])
+    if args.smoke:
+        names = ["tiny"]
+        routers = parse_routers(args.routers or "igw-llm-d,envoy-rr")
+    else:
+        names = _scenarios(args.scenario)
+        routers = parse_routers(args.routers)
+    full = not args.smoke and names == list(ALL) and args.routers in (None, "all")
+    out = args.out or (RESULTS if full else RESULTS / ("smoke" if args.smoke else "partial"))
+    if args.smoke and args.out is None:
+        out = Path(tempfile.mkdtemp(prefix="igw-bench-smoke-"))
+    with tempfile.TemporaryDirectory(prefix="igw-bench-") as tmp:
+        work = args.work or Path(tmp)
+        command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        return asyncio.run(_run(names, routers, args, out, work, full, command))
+
+
+async def _run(names: list[str], routers, args: argparse.Namespace, out: Path, work: Path,
+               full: bool, command: str) -> int:
+    from bench.report import write_scenario
+    from bench.runner import run_scenario
+
+    _use_uvloop()
+    started = time.monotonic()
+    meta: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command.strip(),
+        "versions": versions(),
+        "python": platform.python_version(),
+        "cores": os.cpu_count(),
+        "load_average_at_start": os.getloadavg()[0],
+        "seed": args.seed,
+        "routers": [r.name for r in routers],
+    }
+    sections: list[str] = []
+    headline: list[dict[str, Any]] = []
+    failed = 0
+    for name in names:
+        scenario = SCENARIOS[name]
+        plan = scenario.plan(args.seed, args.duration, args.time_scale)
+        warm = scenario.plan(args.seed + 1000, 3.0 if name != "tiny" else 1.0, args.time_scale)
+        print(f"{name}: {len(plan.requests)} requests, {plan.wall_duration_s:.0f} s wall per "
+              f"router, time_scale {plan.time_scale:g}, {len(routers)} routers", flush=True)
+        runs = await run_scenario(plan, warm, routers, work / name, seed=args.seed,
+                                  progress=not args.no_progress)
+        failed += sum(1 for r in runs if not r.ok)
+        section, summaries = write_scenario(out, scenario, plan, runs, meta)
+        sections.append(section)
+        headline.append({"scenario": name, "plan": plan, "summaries": summaries})
+    meta["total_wall_s"] = round(time.monotonic() - started, 1)
+    report = render_report(meta, sections, headline, full)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "REPORT.md").write_text(report)
+    print(f"report: {out / 'REPORT.md'} ({meta['total_wall_s']:.0f} s)", flush=True)
+    return 1 if failed else 0
+
+
+def _use_uvloop() -> None:
+    """uvloop, when installed, makes the load generator cheaper per request."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _verdict(ours: float | None, published: float | None) -> str:
+    if ours is None:
+        return "n/a"
+    if published is None:  # "comparable"
+        return "meets" if ours <= COMPARABLE_PCT else "misses"
+    return "meets" if ours <= published else "misses"
+
+
+def _verdict_throughput(ours: float | None, published: float | None) -> str:
+    if ours is None:
+        return "n/a"
+    if published is None:
+        return "meets" if ours >= -COMPARABLE_PCT else "misses"
+    return "meets" if ours >= published else "misses"
+
+
+def headline_rows(headline: list[dict[str, Any]]) -> list[str]:
+    from bench.report import best_peer, change
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:+.0f}%"
+
+    def pub(v: float | None) -> str:
+        return "comparable" if v is None else f"{v:+.0f}%"
+
+    lines = [
+        "| scenario (published row) | published Δ p95 / p99 / throughput | gateway llm-d vs "
+        "Envoy RR: Δ p95 / p99 / tok/s | best peer vs Envoy RR: Δ p95 / p99 | gateway vs best "
+        "peer: Δ p95 / p99 | row met? |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for item in headline:
+        sums = {s["router"]: s for s in item["summaries"] if s.get("ok")}
+        ours, base = sums.get("igw-llm-d"), sums.get("envoy-rr")
+        peer = best_peer(item["summaries"])
+        rows = PUBLISHED.get(item["scenario"], [(item["scenario"], None, None, None, None)])
+        for row, pool, p95, p99, thr in rows:
+            def fig(s: dict[str, Any] | None, key: str, pool=pool) -> float | None:
+                if s is None:
+                    return None
+                if pool is not None and "per_pool" in s:
+                    return s["per_pool"][pool][key]
+                return s.get(key)
+
+            d95 = change(fig(ours, "ttft_p95"), fig(base, "ttft_p95"))
+            d99 = change(fig(ours, "ttft_p99"), fig(base, "ttft_p99"))
+            dtok = change(fig(ours, "output_tokens_per_s", None), fig(base, "output_tokens_per_s",
+                                                                      None))
+            q95 = change(fig(peer, "ttft_p95"), fig(base, "ttft_p95"))
+            q99 = change(fig(peer, "ttft_p99"), fig(base, "ttft_p99"))
+            v95 = change(fig(ours, "ttft_p95"), fig(peer, "ttft_p95"))
+            v99 = change(fig(ours, "ttft_p99"), fig(peer, "ttft_p99"))
+            published = item["scenario"] in PUBLISHED
+            verdicts = [_verdict(d95, p95), _verdict(d99, p99), _verdict_throughput(dtok, thr)]
+            met = ("yes" if all(v == "meets" for v in verdicts) else
+                   "partly: " + ", ".join(f"{k} {v}" for k, v in
+                                          zip(("p95", "p99", "tput"), verdicts, strict=True)))
+            lines.append(
+                f"| {item['scenario']} ({row}) | "
+                f"{(pub(p95) + ' / ' + pub(p99) + ' / ' + pub(thr)) if published else 'no row'} "
+                f"| {pct(d95)} / {pct(d99)} / {pct(dtok)} "
+                f"| {peer['router'] if peer else 'n/a'}: {pct(q95)} / {pct(q99)} "
+                f"| {pct(v95)} / {pct(v99)} | {met if published else 'n/a'} |"
+            )
+    return lines
+
+
+def render_report(meta: dict[str, Any], sections: list[str], headline: list[dict[str, Any]],
+                  full: bool) -> str:
+    versions_line = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    parts = [
+        "# Routing benchmark report" + ("" if full else " (partial run)"),
+        "",
+        f"Generated by `{meta['command']}` on {meta['date']}: {meta['cores']} cores shared "
+        f"with other work (1-minute load average {meta['load_average_at_start']:.1f} at the "
+        f"start), Python {meta['python']}; {versions_line}. Total wall time "
+        f"{meta['total_wall_s']:.0f} s. Method, scenarios and caveats: docs/benchmarks.md.",
+        "",
+        "All latencies are model seconds of the simulated GPUs (wall time × the scenario's "
+        "time_scale). Δ = change vs Envoy ROUND_ROBIN on the same fleet and the same "
+        "arrivals (negative TTFT = better, positive throughput = better). `best peer` = the "
+        "sglang-router / vllm-router policy with the lowest TTFT p95 in that scenario.",
+        "",
+        *headline_rows(headline),
+        "",
+        *sections,
+    ]
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
