@@ -77,24 +77,29 @@ class StepResult:
 
 
 PROBE = """
-import asyncio, json, sys
+import asyncio, json, random, sys
 from simulator import clock
-async def probe(seconds):
+async def sleeper(seconds, lags):
     loop = asyncio.get_running_loop()
-    lags, end = [], loop.time() + seconds
+    end = loop.time() + seconds
     while loop.time() < end:
-        due = loop.time() + 0.003
-        await asyncio.sleep(0.003 - 0.0002)
+        duration = random.uniform(0.01, 0.05)
+        due = loop.time() + duration
+        await asyncio.sleep(duration - 0.0002)
         lags.append((loop.time() - due) * 1000)
+async def probe(seconds, count):
+    lags = []
+    await asyncio.gather(*(sleeper(seconds, lags) for _ in range(count)))
     print(json.dumps(sorted(lags)))
-clock.run(probe(float(sys.argv[1])))
+clock.run(probe(float(sys.argv[1]), int(sys.argv[2])))
 """
 
 
-def start_probe(seconds: float) -> subprocess.Popen[str]:
-    """A separate idle process timing its own 3 ms sleeps on the simulator's precise loop:
-    the machine's scheduling noise floor during the step, with no simulator work in it."""
-    return subprocess.Popen([sys.executable, "-c", PROBE, str(seconds)], cwd=REPO,
+def start_probe(seconds: float, pods: int) -> subprocess.Popen[str]:
+    """A separate process with one timer per pod sleeping like an engine iteration (10-50 ms,
+    waking 0.2 ms early) and doing no work: how late this machine wakes such a process during
+    the step (other processes share these cores; long sleeps wake later than short ones)."""
+    return subprocess.Popen([sys.executable, "-c", PROBE, str(seconds), str(pods)], cwd=REPO,
                             stdout=subprocess.PIPE, text=True)
 
 
@@ -232,7 +237,7 @@ def run_step(pods: int, rate: float, seconds: float) -> StepResult:
         asyncio.run(warm_up(urls))
         states0, before = asyncio.run(pod_states(base, pods))
         load_avg = os.getloadavg()[0]
-        probe = start_probe(seconds)
+        probe = start_probe(seconds, pods)
         cpu0, own0 = proc_cpu_s(proc.pid), time.process_time()
         ttfts = asyncio.run(drive(urls, rate, seconds, seed=pods * 1000 + int(rate)))
         cpu1, own1 = proc_cpu_s(proc.pid), time.process_time()
@@ -295,13 +300,15 @@ def summarize(pods: int, rate: float, ttfts: list[float | None],
 
 def table(results: list[StepResult]) -> str:
     head = ("| pods | rate (req/s) | requests | failed | sim CPU / req (µs) | sim CPU (% of a core)"
-            " | tokens/s | sim CPU / token (µs) | load avg | noise p95 (ms)"
+            " | tokens/s | sim CPU / token (µs) | load-gen CPU (% of a core) | load avg"
+            " | noise p95 (ms)"
             " | lateness p50 / p95 / p99 / max (ms) | client TTFT mean (ms)"
-            " | model TTFT mean (ms) | sustained |\n|" + " --- |" * 14)
+            " | model TTFT mean (ms) | sustained |\n|" + " --- |" * 15)
     rows = [
         f"| {r.pods} | {r.rate:g} | {r.requests} | {r.failures} | {r.cpu_per_request_us:.0f} | "
         f"{100 * r.sim_cpu_s / LOAD_SECONDS:.0f} | {r.tokens / LOAD_SECONDS:.0f} | "
         f"{1e6 * r.sim_cpu_s / max(1, r.tokens):.0f} | "
+        f"{100 * r.loadgen_cpu_s / LOAD_SECONDS:.0f} | "
         f"{r.load_avg:.1f} | {r.noise_p95_ms:.2f} | "
         f"{r.lateness_p50_ms:.2f} / {r.lateness_p95_ms:.2f} / {r.lateness_p99_ms:.2f} / "
         f"{r.lateness_max_ms:.2f} | "
@@ -326,9 +333,9 @@ def report(results: list[StepResult], quick: bool) -> str:
         "- *lateness*: per request, wall time between the engine's model time for the first "
         "token and the moment it was written to the socket, pooled over all pods. "
         "p99 and max are single samples at a few hundred requests per step.\n"
-        "- *noise p95*: a separate idle process timing its own 3 ms sleeps on the same precise "
-        "loop during the step: how late this machine wakes a process that does no work at all "
-        "(other processes share these cores).\n"
+        "- *noise p95*: a separate process with one timer per pod, sleeping 10-50 ms like an "
+        "engine iteration on the same precise loop and doing no work: how late this machine "
+        "wakes such a process during the step (other processes share these cores).\n"
         f"- *sustained*: no failed request and lateness p95 <= {LATENESS_LIMIT_MS:g} ms + noise "
         "p95, i.e. the simulator adds at most 1 ms to what the machine itself imposes.\n"
         "- *client TTFT* includes this load generator's own event-loop delay; *model TTFT* is "

@@ -7,8 +7,8 @@
   pool (bench/envoy_baseline.py); HTTPS.
 - `sglang-rr`, `sglang-p2`, `sglang-cache`: `python -m sglang_router.launch_router --policy
   round_robin | power_of_two | cache_aware`, one router per pool; HTTPS.
-- `vllm-p2`, `vllm-cache`: `python -m vllm_router.launch_router --policy power_of_two |
-  cache_aware`, one router per pool; plain HTTP (it has no TLS option).
+- `vllm-rr`, `vllm-p2`, `vllm-cache`: `python -m vllm_router.launch_router --policy
+  round_robin | power_of_two | cache_aware`, one router per pool; plain HTTP (it has no TLS option).
 
 Every HTTPS router presents the same certificate (signed by one generated CA the load
 generator trusts). A router with one process per pool serves each pool on its own port;
@@ -85,6 +85,7 @@ ROUTERS: dict[str, RouterSpec] = {
         RouterSpec("sglang-rr", "sglang", "round_robin", "sglang-router round_robin"),
         RouterSpec("sglang-p2", "sglang", "power_of_two", "sglang-router power_of_two"),
         RouterSpec("sglang-cache", "sglang", "cache_aware", "sglang-router cache_aware"),
+        RouterSpec("vllm-rr", "vllm", "round_robin", "vllm-router round_robin"),
         RouterSpec("vllm-p2", "vllm", "power_of_two", "vllm-router power_of_two"),
         RouterSpec("vllm-cache", "vllm", "cache_aware", "vllm-router cache_aware"),
     )

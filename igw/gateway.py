@@ -123,7 +123,7 @@ async def drain_envoy(admin_port: int, timeout_s: float) -> None:
     timeout = aiohttp.ClientTimeout(total=2.0)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:
-            async with session.post(f"{base}/drain_listeners", params={"inboundonly": ""}) as r:
+            async with session.post(f"{base}/drain_listeners") as r:
                 await r.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.warning("envoy drain: admin port unreachable (%s); stopping it now", exc)
@@ -204,19 +204,26 @@ async def _envoy_serving(port: int) -> bool:
 def announce(config: GatewayConfig, state_dir: Path, sample: bool) -> None:
     """First line: the URL. Then how to trust the certificate and try it."""
     url = f"https://127.0.0.1:{config.listen_port}"
-    print(url, flush=True)
+    _line(url)
     ca = state_dir / "tls" / "ca.pem"
     if config.tls.certificate_file is None:
-        print(f"# self-signed CA (trust it): {ca}", flush=True)
+        _line(f"# self-signed CA (trust it): {ca}")
     if sample:
         model = config.schedulers[0].model_name
-        print(
+        _line(
             f"# try: curl --cacert {ca} {url}/v1/chat/completions "
             f"-H 'content-type: application/json' "
             f'-d \'{{"model": "{model}", "messages": [{{"role": "user", '
-            f'"content": "hello"}}], "max_tokens": 16}}\'',
-            flush=True,
+            f'"content": "hello"}}], "max_tokens": 16}}\''
         )
+
+
+def _line(text: str) -> None:
+    """One line in one write: Envoy's access log shares this stdout, and `print` under
+    PYTHONUNBUFFERED writes the text and its newline separately, so an access-log
+    line could land between them (measured: the URL line came out glued to one)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 async def serve(

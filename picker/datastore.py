@@ -53,6 +53,8 @@ FLOAT_COLUMNS = (
     "raw_prefill_sum",
     "raw_prefill_count",
     "raw_prefill_tokens",
+    # when a scrape last brought speed observations (picker.datalayer.speed forgets by it)
+    "speed_seen_at",
 )
 BOOL_COLUMNS = ("valid", "ready", "draining", "metrics_ok")
 

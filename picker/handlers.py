@@ -20,7 +20,8 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2
 
 from bbr import headers as hdr
-from bbr.errors import ApiError, InvalidRequest, error_body, error_headers
+from bbr.errors import ApiError, BodyTooLarge, InvalidRequest, NotFound, error_body, error_headers
+from bbr.request import API_PATHS
 from picker.director import Decision, Director, RequestInfo
 
 log = logging.getLogger("picker.handlers")
@@ -36,6 +37,15 @@ CONTINUE_RESPONSE_HEADERS = ext_proc.ProcessingResponse(
 _MODELS_PATHS = frozenset({"/v1/models", "/models"})
 
 
+class MethodNotAllowed(ApiError):
+    """405: the inference paths take POST only (OpenAI answers the same)."""
+
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+    extra_headers = (("allow", "POST"),)
+
+
 @dataclass(slots=True)
 class _Headers:
     """What the picker needs from the request headers, read in one pass."""
@@ -47,6 +57,7 @@ class _Headers:
     request_id: str = ""
     priority: str | None = None
     criticality: str | None = None
+    content_length: str | None = None
 
 
 def _read_headers(header_map: base_pb2.HeaderMap) -> _Headers:
@@ -68,6 +79,8 @@ def _read_headers(header_map: base_pb2.HeaderMap) -> _Headers:
             out.priority = value
         elif key == hdr.CRITICALITY:
             out.criticality = value
+        elif key == "content-length":
+            out.content_length = value
     return out
 
 
@@ -154,12 +167,33 @@ class ExtProcHandler:
                 self.director.complete(decision)
 
     def _on_headers(self, info: _Headers, end_of_stream: bool) -> bytes:
+        """Everything the headers alone decide, before Envoy buffers a body for nothing:
+        the model list, unknown paths (404), other methods than POST (405), a missing
+        body (400), a declared length over the limit (413, without reading the body)."""
         if info.method == "GET" and info.path in _MODELS_PATHS:
             return immediate(
                 200, self.director.models_body(), [("content-type", "application/json")]
             )
+        path = info.path[:-1] if len(info.path) > 1 and info.path.endswith("/") else info.path
+        if path not in API_PATHS:
+            raise NotFound(
+                f"Invalid URL (`{path[:200]}`): the gateway routes POST "
+                + ", ".join(API_PATHS)
+                + " and GET /v1/models."
+            )
+        if info.method != "POST":
+            raise MethodNotAllowed(f"{info.method[:16]} {path}: only POST is accepted here.")
         if end_of_stream:
-            raise InvalidRequest(f"{info.method} {info.path}: request body required")
+            raise InvalidRequest(f"{info.method} {path}: request body required")
+        limit = self.director.config.bbr.max_request_body_bytes
+        if (
+            info.content_length
+            and info.content_length.isdigit()
+            and int(info.content_length) > limit
+        ):
+            raise BodyTooLarge(
+                f"Request body is {info.content_length} bytes; the limit is {limit} bytes."
+            )
         return CONTINUE_HEADERS
 
     async def _on_body(

@@ -10,10 +10,15 @@ Docker across runs; everything else the test creates is removed at the end.
 
 Every wait is bounded; dockerd is stopped at the end only if this module
 started it.
+
+Also here: the gateway's metric names parsed from picker/gateway_metrics.py
+(shared by the fast dashboard test and the compose test, which checks the
+parse against what the running gateway exposes).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -36,6 +41,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 BASE_IMAGE = "igw-local/python:3.11-bookworm"
 PROMETHEUS_IMAGE = "igw-local/prometheus:debian"
 STATE_CA = "/var/lib/igw/tls/ca.pem"
+METRICS_MODULE = ROOT / "picker" / "gateway_metrics.py"
 
 DOCKERD_TIMEOUT_S = 90
 BASE_IMAGE_TIMEOUT_S = 900
@@ -319,3 +325,88 @@ def _wait_ready(stack: ComposeStack) -> None:
             return client.get(f"{stack.url}/healthz").status_code == 200
 
     wait_for("gateway HTTPS on the published port", answers, 30)
+
+
+# --- The gateway's metric names, parsed from picker/gateway_metrics.py ---
+
+# prometheus_client constructors and the series each exposes for a name.
+COUNTERS = {"Counter", "CounterMetricFamily"}
+GAUGES = {"Gauge", "GaugeMetricFamily", "Info", "InfoMetricFamily", "Enum"}
+HISTOGRAMS = {"Histogram", "HistogramMetricFamily", "Summary", "SummaryMetricFamily"}
+
+
+def _call_name(node: ast.Call) -> str | None:
+    if isinstance(node.func, ast.Name):
+        return node.func.id
+    if isinstance(node.func, ast.Attribute):
+        return node.func.attr
+    return None
+
+
+def _string(node: ast.expr, constants: dict[str, str]) -> str | None:
+    """A literal or an f-string over module constants; None if it depends on anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for value in node.values:
+            if isinstance(value, ast.Constant):
+                parts.append(str(value.value))
+            elif (
+                isinstance(value, ast.FormattedValue)
+                and isinstance(value.value, ast.Name)
+                and value.value.id in constants
+            ):
+                parts.append(constants[value.value.id])
+            else:
+                return None
+        return "".join(parts)
+    return None
+
+
+def defined_series(source: str) -> dict[str, str]:
+    """Every series name the module can expose → its kind (counter, gauge, histogram)."""
+    tree = ast.parse(source)
+    constants: dict[str, str] = {}
+    pod_gauges: tuple = ()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            value = node.value
+            if (
+                isinstance(target, ast.Name)
+                and isinstance(value, ast.Constant)
+                and isinstance(value.value, str)
+            ):
+                constants[target.id] = value.value
+            if isinstance(target, ast.Name) and target.id == "POD_GAUGES":
+                pod_gauges = ast.literal_eval(node.value)
+    assert "PREFIX" in constants, "gateway_metrics.py: no PREFIX constant"
+    assert pod_gauges, "gateway_metrics.py: no POD_GAUGES table"
+    names: dict[str, str] = {}
+    for _column, suffix, _doc in pod_gauges:
+        names[f"{constants['PREFIX']}_{suffix}"] = "gauge"
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        kind = _call_name(node)
+        name = _string(node.args[0], constants)
+        if name is None or kind is None:
+            continue
+        if kind in COUNTERS:
+            names[name.removesuffix("_total")] = "counter"
+        elif kind in GAUGES:
+            names[name] = "gauge"
+        elif kind in HISTOGRAMS:
+            names[name] = "histogram"
+    return names
+
+
+def exposed(names: dict[str, str]) -> set[str]:
+    """The series names Prometheus stores for the defined metrics."""
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+    }
+    return {name + suffix for name, kind in names.items() for suffix in suffixes[kind]}

@@ -6,6 +6,7 @@ always stopped by PID (SIGTERM, then SIGKILL) when the test ends.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import selectors
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,6 +68,15 @@ def _wait_line(proc: subprocess.Popen[str], predicate, timeout: float) -> str:
             return line.strip()
     stop(proc)
     raise RuntimeError(f"process not ready (exit {proc.returncode}); output:\n{''.join(seen)}")
+
+
+def _drain_output(proc: subprocess.Popen[str]) -> None:
+    """Keep reading a child's stdout after its ready line. Envoy's access log goes
+    there: an undrained pipe fills after ~64 KiB and then blocks Envoy's log-flush
+    thread, which makes Envoy hang on SIGTERM (it joins that thread)."""
+    assert proc.stdout is not None
+    stream = proc.stdout
+    threading.Thread(target=lambda: collections.deque(stream, maxlen=0), daemon=True).start()
 
 
 def stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> int | None:
@@ -165,7 +176,9 @@ def gateway_config(schedulers: list[dict[str, Any]], **spec: Any) -> dict[str, A
 
 
 @contextlib.contextmanager
-def gateway(tmp: Path, config: dict[str, Any], timeout: float = 60) -> Iterator[Gateway]:
+def gateway(
+    tmp: Path, config: dict[str, Any], timeout: float = 60, extra_args: tuple[str, ...] = ()
+) -> Iterator[Gateway]:
     """Run `igw serve` on a config document; yields once its URL line is printed."""
     state = tmp / f"gw-{config['spec']['listener']['port']}"
     state.mkdir(parents=True, exist_ok=True)
@@ -181,6 +194,7 @@ def gateway(tmp: Path, config: dict[str, Any], timeout: float = 60) -> Iterator[
             str(path),
             "--state-dir",
             str(state),
+            *extra_args,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -188,6 +202,7 @@ def gateway(tmp: Path, config: dict[str, Any], timeout: float = 60) -> Iterator[
     )
     try:
         url = _wait_line(proc, lambda line: line.startswith("https://"), timeout)
+        _drain_output(proc)
         ports = dict(config["spec"]["ports"])
         ports["listen"] = config["spec"]["listener"]["port"]
         yield Gateway(proc, url, state, path, config, ports)

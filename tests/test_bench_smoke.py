@@ -28,6 +28,9 @@ def test_bench_smoke(tmp_path):
         assert len(results["ttft_s"]) == by[run["router"]]["requests"]
         assert run["queues"] and len(run["queues"][0]["pods"]) == 2
         assert run["cpu"]["cpu_s"]["simulator"] > 0
-    # one H100 and one A10G at half load: round-robin sends half the requests to the pod
-    # that prefills ~14x slower; the gateway should not (a wide margin, not a tuned one)
-    assert by["igw-llm-d"]["ttft_p95"] < by["envoy-rr"]["ttft_p95"]
+    # one H100 and one A10G at half of round-robin capacity: round-robin splits evenly,
+    # the gateway sends most requests to the pod that prefills ~14x faster (the pods are
+    # named by the simulator's x-sim-pod header, which both routers pass through)
+    rr, ours = by["envoy-rr"]["pods"], by["igw-llm-d"]["pods"]
+    assert abs(rr["8b-h100-0"] - rr["8b-a10g-0"]) <= 2
+    assert ours["8b-h100-0"] > 3 * ours.get("8b-a10g-0", 0)

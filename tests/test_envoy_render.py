@@ -237,7 +237,9 @@ def test_routes_two_pools(tmp_path: Path) -> None:
         ]
         assert route["route"]["cluster"] == Pool(sched).cluster_name
         assert route["route"]["retry_policy"]["num_retries"] == 3
-        assert route["route"]["retry_policy"]["retry_on"] == "connect-failure,reset,refused-stream"
+        assert route["route"]["retry_policy"]["retry_on"] == (
+            "connect-failure,reset,refused-stream,gateway-error"
+        )
     assert routes[1]["route"]["timeout"] == "120s"
     assert routes[3]["direct_response"]["status"] == 503  # no pool chosen: no safe guess
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -132,11 +133,25 @@ class Load:
         self.max_requests = max_requests
         self.keep_body = keep_body
         self.stop_event = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def stop(self) -> None:
-        self.stop_event.set()
+        """Stop sending (requests already sent run to their end); callable from any thread."""
+        loop = self._loop
+        if loop is None:
+            self.stop_event.set()
+        else:
+            loop.call_soon_threadsafe(self.stop_event.set)
+
+    def in_thread(self) -> concurrent.futures.Future[LoadResult]:
+        """Run in a thread of its own (own event loop), so the test can block meanwhile."""
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="load")
+        future = pool.submit(asyncio.run, self.run())
+        pool.shutdown(wait=False)
+        return future
 
     async def run(self) -> LoadResult:
+        self._loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(ssl=self.ssl, limit=MAX_INFLIGHT)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         outcomes: list[Outcome] = []
@@ -290,6 +305,21 @@ def control(fleet_port: int, method: str, path: str, body: Any = None) -> Any:
     resp = httpx.request(method, url, json=body, timeout=10)
     resp.raise_for_status()
     return resp.json()
+
+
+def pod_states(admin: str, pool: str) -> dict[str, dict[str, Any]]:
+    """The picker's view of a pool's pods (admin API), by address."""
+    from igw.admin_client import list_pools
+
+    pools = {p["name"]: p for p in list_pools(admin)}
+    return {p["address"]: p for p in pools[pool].get("pods", [])}
+
+
+def routable(state: dict[str, Any]) -> bool:
+    """What the picker's filters need: ready, fresh metrics, not draining."""
+    return (
+        bool(state.get("ready")) and bool(state.get("metrics_fresh")) and not state.get("draining")
+    )
 
 
 def picker_metrics(port: int) -> dict[str, float]:

@@ -53,7 +53,11 @@ TLS12_CIPHERS = (
     "ECDHE-ECDSA-CHACHA20-POLY1305",
     "ECDHE-RSA-CHACHA20-POLY1305",
 )
-RETRY_ON = "connect-failure,reset,refused-stream"
+# Retried on the picker's next address: failures before the pod produced anything
+# (no connection, reset, refused stream) and gateway errors (502/503/504: a pod
+# that is overloaded or whose engine is down). A plain 500 is not retried: it may
+# be the request itself that breaks an engine, and it must not take down the next.
+RETRY_ON = "connect-failure,reset,refused-stream,gateway-error"
 MESSAGE_TIMEOUT = "2s"
 MAX_MESSAGE_TIMEOUT = "60s"
 # HTTP/2: Envoy caps what a stream may buffer at the stream's flow-control

@@ -42,7 +42,7 @@ def write_snapshot(pool: Pool, row: int, snapshot: MetricsSnapshot, learner: Spe
     for signal, column in GAUGE_COLUMNS:
         getattr(table, column)[row] = values.get(signal, 0.0)
     _write_lora(pool, row, snapshot)
-    learner.update(table, row, snapshot)
+    learner.update(table, row, snapshot, now)
     pool.mark_scrape(row, True, now=now)
 
 

@@ -7,6 +7,11 @@ token. Each window's figure is folded into an EWMA whose weight grows with the
 number of observations in the window, so a window with one request nudges
 the estimate and a window with fifty moves it most of the way.
 
+An estimate also ages: when observations arrive after a gap with none (the
+pod got no requests, e.g. because it was slow), the old estimate keeps only
+e^(-gap / FORGET_S) of its weight, so a pod that recovered is re-learned from
+its first few requests instead of staying "slow" for good.
+
 Counters restart from zero when a pod restarts; like Prometheus' `rate()`, a
 decrease is read as a reset and the new value is the whole delta since then,
 so a restart never yields a negative or huge rate. Everything here is a small
@@ -25,6 +30,7 @@ from picker.datalayer.parser import MetricsSnapshot
 from picker.datastore import PodTable
 
 DEFAULT_ALPHA = 0.1  # weight of one observation
+FORGET_S = 2.0  # an estimate without new observations for this long keeps e^-1 of its weight
 
 
 def counter_deltas(current: tuple[float, ...], previous: tuple[float, ...]) -> tuple[float, ...]:
@@ -58,6 +64,13 @@ def observation_weight(n: float, alpha: float = DEFAULT_ALPHA) -> float:
     if n <= 0:
         return 0.0
     return 1.0 - (1.0 - alpha) ** n
+
+
+def forget_weight(gap_s: float) -> float:
+    """Least weight of a new window after `gap_s` seconds without observations."""
+    if not gap_s > 0:
+        return 0.0
+    return 1.0 - math.exp(-gap_s / FORGET_S)
 
 
 def ewma(previous: float, sample: float, weight: float) -> float:
@@ -94,12 +107,22 @@ class SpeedLearner:
     def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
         self.alpha = alpha
 
-    def update(self, table: PodTable, row: int, snapshot: MetricsSnapshot) -> None:
-        self._mean(table, row, TTFT, _present(snapshot, Signal.TTFT_SUM, Signal.TTFT_COUNT))
-        self._mean(table, row, QUEUE,
-                   _present(snapshot, Signal.QUEUE_TIME_SUM, Signal.QUEUE_TIME_COUNT))
-        self._mean(table, row, DECODE, _present(snapshot, Signal.TPOT_SUM, Signal.TPOT_COUNT))
-        self._prefill(table, row, snapshot)
+    def update(self, table: PodTable, row: int, snapshot: MetricsSnapshot,
+               now: float | None = None) -> None:
+        """Fold the window since the last scrape into the row; `now` (monotonic) enables
+        forgetting by age (see the module docstring)."""
+        seen = float(table.speed_seen_at[row])
+        forget = forget_weight(now - seen) if now is not None and seen > 0 else 0.0
+        observed = self._mean(table, row, TTFT,
+                              _present(snapshot, Signal.TTFT_SUM, Signal.TTFT_COUNT), forget)
+        observed |= self._mean(table, row, QUEUE,
+                               _present(snapshot, Signal.QUEUE_TIME_SUM,
+                                        Signal.QUEUE_TIME_COUNT), forget)
+        observed |= self._mean(table, row, DECODE,
+                               _present(snapshot, Signal.TPOT_SUM, Signal.TPOT_COUNT), forget)
+        observed |= self._prefill(table, row, snapshot, forget)
+        if observed and now is not None:
+            table.speed_seen_at[row] = now
 
     def _remember(self, table: PodTable, row: int, est: _Estimate,
                   current: tuple[float, ...]) -> tuple[float, ...]:
@@ -110,17 +133,20 @@ class SpeedLearner:
         return counter_deltas(current, previous)
 
     def _mean(self, table: PodTable, row: int, est: _Estimate,
-              current: tuple[float, ...] | None) -> None:
+              current: tuple[float, ...] | None, forget: float = 0.0) -> bool:
         if current is None:
-            return
+            return False
         d_sum, d_count = self._remember(table, row, est, current)
         sample = window_mean(d_sum, d_count)
-        if sample is not None:
-            column: np.ndarray = getattr(table, est.column)
-            weight = observation_weight(d_count, self.alpha)
-            column[row] = ewma(float(column[row]), sample, weight)
+        if sample is None:
+            return False
+        column: np.ndarray = getattr(table, est.column)
+        weight = max(observation_weight(d_count, self.alpha), forget)
+        column[row] = ewma(float(column[row]), sample, weight)
+        return True
 
-    def _prefill(self, table: PodTable, row: int, snapshot: MetricsSnapshot) -> None:
+    def _prefill(self, table: PodTable, row: int, snapshot: MetricsSnapshot,
+                 forget: float = 0.0) -> bool:
         # prompt tokens of finished requests pair exactly with the prefill-time
         # histogram (both observed when a request finishes); the running token
         # counter is the fallback for engines without that histogram
@@ -129,9 +155,12 @@ class SpeedLearner:
             tokens = Signal.PROMPT_TOKENS
         current = _present(snapshot, Signal.PREFILL_TIME_SUM, Signal.PREFILL_TIME_COUNT, tokens)
         if current is None:
-            return
+            return False
         d_seconds, d_count, d_tokens = self._remember(table, row, PREFILL, current)
         sample = prefill_rate(d_tokens, d_seconds)
-        if sample is not None:
-            column: np.ndarray = getattr(table, PREFILL.column)
-            column[row] = ewma(float(column[row]), sample, observation_weight(d_count, self.alpha))
+        if sample is None:
+            return False
+        column: np.ndarray = getattr(table, PREFILL.column)
+        weight = max(observation_weight(d_count, self.alpha), forget)
+        column[row] = ewma(float(column[row]), sample, weight)
+        return True

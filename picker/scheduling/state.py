@@ -29,6 +29,10 @@ DEFAULT_PROMPT_TOKENS = 512.0
 DEFAULT_OUTPUT_TOKENS = 256.0
 MAX_OUTPUT_TOKENS_ESTIMATE = 8192.0
 SPEED_REFRESH_S = 0.2
+# A learned speed with no new observation for this long is not trusted: the pod
+# is given the pool median (it may have recovered from whatever made it slow; it
+# gets a few requests, and picker.datalayer.speed re-learns it from them).
+SPEED_STALE_S = 5.0
 
 
 class PoolState:
@@ -195,8 +199,10 @@ class PoolState:
         slowness = np.ones(t.capacity)  # observed s/token relative to the pool's median
         if ref_spt > 0:
             np.divide(self.spt, ref_spt, out=slowness, where=self.spt > 0)
-        tps = np.where(t.prefill_tps > 0, t.prefill_tps, ref_tps / slowness)
-        step = np.where(t.decode_step_s > 0, t.decode_step_s, ref_step * slowness)
+        stale = (t.speed_seen_at > 0) & (now - t.speed_seen_at > SPEED_STALE_S)
+        slowness[stale] = 1.0
+        tps = np.where((t.prefill_tps > 0) & ~stale, t.prefill_tps, ref_tps / slowness)
+        step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
         self._speed = (tps, step)
         self._speed_at = now
         self._speed_version = self.pool.version
