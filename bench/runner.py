@@ -33,7 +33,7 @@ WARMUP_MAX_TOKENS = 16
 WARMUP_CAP_S = 15.0
 CPU_SAMPLE_S = 1.0
 QUEUE_SAMPLE_S = 0.5
-DEFAULT_DRAIN_S = 8.0
+DEFAULT_DRAIN_S = 6.0
 CONTENDED_LATENESS_MS = 15.0
 
 
@@ -253,7 +253,7 @@ def _one_line(plan: Plan, run: RunResult) -> str:
     if not run.ok:
         return f"  {plan.scenario}/{run.router}: FAILED: {run.error.splitlines()[0][:200]}"
     ttfts = sorted(r.ttft_s for r in run.results if r.ttft_s is not None)
-    errors = sum(1 for r in run.results if r.error)
+    errors = sum(1 for r in run.results if r.error not in ("", "unfinished"))
 
     def pct(q: float) -> float:
         return ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] if ttfts else float("nan")

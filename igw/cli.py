@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import sys
@@ -54,18 +55,6 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from igw.gateway import up
 
     return asyncio.run(up(args.state_dir, args.port))
-
-
-def _cmd_sim(args: argparse.Namespace) -> int:
-    from simulator.cli import main as sim_main
-
-    return sim_main(args.rest)
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from bench.cli import main as bench_main
-
-    return bench_main(args.rest)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -127,15 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, default=default_state_dir() / "serve")
     p.set_defaults(func=_cmd_render_envoy)
 
-    p = sub.add_parser(
-        "sim", help="run a simulated model-server fleet (see igw sim --help)", add_help=False
-    )
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_sim)
-
-    p = sub.add_parser("bench", help="routing benchmarks (see igw bench --help)", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_bench)
+    # Listed for --help; `main` hands their arguments to the module untouched.
+    sub.add_parser("sim", help="run a simulated model-server fleet (igw sim --help)")
+    sub.add_parser("bench", help="routing benchmarks (igw bench --help)")
 
     for name, func in (("status", _cmd_status), ("explain", _cmd_explain)):
         p = sub.add_parser(name, help=f"admin: {name}")
@@ -158,7 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Subcommands that own their whole command line (argparse's REMAINDER would
+# refuse a leading option such as `igw sim --gpu ...`).
+_PASSTHROUGH = {"sim": "simulator.cli", "bench": "bench.cli"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _PASSTHROUGH:
+        module = importlib.import_module(_PASSTHROUGH[argv[0]])
+        return module.main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),

@@ -40,6 +40,7 @@ from picker.config import ConfigError, GatewayConfig, load_config
 from picker.datalayer.collector import Collector
 from picker.datastore import Datastore
 from picker.director import Director
+from picker.discovery.static import StaticResolver
 from picker.envoy_admin import EnvoyAdmin, ejected
 from picker.gateway_metrics import PREFIX, GatewayMetrics
 from picker.handlers import ExtProcHandler
@@ -122,6 +123,8 @@ class PickerApp:
             ",".join(self.datastore.pools),
         )
         await self.start_discovery()
+        self._resolver = StaticResolver(self.datastore, self.membership_changed)
+        self._resolver.start()
 
     async def start_discovery(self) -> None:
         """Kubernetes pod and config-resource watches when in a cluster (see picker.discovery).
@@ -350,6 +353,8 @@ class PickerApp:
             self._pending.cancel()
         if (discovery := getattr(self, "_discovery", None)) is not None:
             await discovery.stop()
+        if (resolver := getattr(self, "_resolver", None)) is not None:
+            await resolver.stop()
         if self._grpc is not None:
             await self._grpc.stop(grace=drain_timeout)
         if self._admin is not None:

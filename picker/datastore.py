@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from igw_envoy.eds import resolve_endpoints
 from picker.config import GatewayConfig, SchedulerConfig
 
 INITIAL_CAPACITY = 16
@@ -158,14 +159,17 @@ class Pool:
         self._free_rows.append(pod.row)
         self.version += 1
 
-    def set_members(self, addresses: Iterable[str]) -> bool:
-        """Make the pod set exactly `addresses`; True when it changed."""
+    def set_members(
+        self, addresses: Iterable[str], names: dict[str, str] | None = None
+    ) -> bool:
+        """Make the pod set exactly `addresses` (`ip:port`, the form Envoy's members
+        have); `names` gives a display name per address. True when it changed."""
         wanted = list(dict.fromkeys(addresses))
         before = self.version
         for address in [a for a in self.pods if a not in set(wanted)]:
             self.remove_pod(address)
         for address in wanted:
-            self.add_pod(address)
+            self.add_pod(address, name=(names or {}).get(address, ""))
         return self.version != before
 
     def members(self) -> list[str]:
@@ -182,6 +186,17 @@ class Pool:
         else:
             t.scrape_failures[row] += 1.0
             t.metrics_ok[row] = False
+
+
+def set_static_members(pool: Pool, endpoints: Iterable[str]) -> bool:
+    """Members from configured `host:port` endpoints, names resolved to `ip:port`.
+
+    The picker's destination header must carry exactly the addresses Envoy's
+    cluster members have (override_host matches them literally), and those are
+    IPs; a configured name is kept as the pod's display name. True on change.
+    """
+    resolved = resolve_endpoints(endpoints)
+    return pool.set_members([ip for ip, _ in resolved], dict(resolved))
 
 
 class Datastore:
@@ -206,7 +221,7 @@ class Datastore:
                 for adapter in sched.lora_adapters:
                     pool.adapter_slot(adapter)
             if sched.endpoints:
-                pool.set_members(sched.endpoints)
+                set_static_members(pool, sched.endpoints)
             pools[sched.name] = pool
         self.pools = pools
         self.by_model = {}

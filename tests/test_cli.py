@@ -97,3 +97,15 @@ def test_render_envoy_output_validates(tmp_path):
     from picker.config import load_config
 
     validate_config(write_bootstrap(load_config(path), tmp_path / "s"))
+
+
+def test_sim_and_bench_take_their_own_options(tmp_path):
+    sim = subprocess.Popen([*IGW, "sim", "--gpu", "h100,a10g", "--model", "m-8b",
+                            "--port-base", "0"], stdout=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        assert "simulator ready: 2 pods" in _wait_line(sim, lambda line: "ready" in line, 30)
+    finally:
+        assert stop(sim) == 0
+    bench = subprocess.run([*IGW, "bench", "--help"], capture_output=True, text=True)
+    assert bench.returncode == 0 and "--scenario" in bench.stdout

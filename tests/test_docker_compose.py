@@ -5,7 +5,7 @@ Needs root and Debian's docker.io, docker-compose, debootstrap and prometheus
 (`IGW_DOCKER_TESTS=1 make system-deps`); skips with the reason otherwise. No
 image registry is needed: tests/docker_env.py builds what one would give. The
 client side talks only to the ports the compose file publishes on 127.0.0.1.
-First run about 4 minutes on 2 cores (debootstrap included), later runs less.
+About 2 minutes on 2 cores the first time (debootstrap included), 1½ after.
 """
 
 from __future__ import annotations

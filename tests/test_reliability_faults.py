@@ -221,7 +221,9 @@ def test_pod_answering_5xx_is_ejected_then_returns(healthy, status):
     if status == 503:
         assert failed == []
     else:
-        assert len(failed) <= 6
+        # 3 consecutive 500s eject the pod in Envoy; until the picker's next poll of
+        # Envoy's admin port (every 0.25 s) it may still pick it: ~3 more at this rate
+        assert len(failed) <= 8
     assert result.failed(result.after(t_detect + 0.05)) == []
 
 
@@ -353,15 +355,17 @@ def test_picker_killed_fail_open_keeps_serving_through_pool_members(tmp_path):
             assert {o.pod for o in result.outcomes} <= {"p0", "p1"}
 
 
-def test_sigterm_drains_in_flight_streams_and_exits_0(tmp_path):
+@pytest.mark.parametrize("drain_timeout", [20.0, 0.5])
+def test_sigterm_drains_in_flight_streams_and_exits_0(tmp_path, drain_timeout):
     """SIGTERM to `igw serve`: new connections are refused at once, streams already
-    running finish (up to the drain timeout), then it exits 0."""
+    running finish (up to the drain timeout, then they are cut), then it exits 0."""
     with sim_fleet(tmp_path, PODS[:1], time_scale=1.0) as fleet:
         config = gateway_config(
             [{"name": "pool", "modelName": MODEL, "endpoints": fleet.addresses()}]
         )
-        with gateway(tmp_path, config, extra_args=("--drain-timeout", "20")) as gw:
-            fig = Figures("graceful_shutdown")
+        args = ("--drain-timeout", f"{drain_timeout:g}")
+        with gateway(tmp_path, config, extra_args=args) as gw:
+            fig = Figures(f"graceful_shutdown_drain_{drain_timeout:g}s")
             # ~250 tokens × ~8.5 ms per step: each stream runs ~2 s
             load = Load(
                 gw.url,
@@ -387,5 +391,9 @@ def test_sigterm_drains_in_flight_streams_and_exits_0(tmp_path):
             fig.emit()
             assert code == 0
             assert len(result.outcomes) == 5
-            assert all(o.ok for o in result.outcomes), [o.error for o in result.outcomes]
-            assert fig.values["last_stream_end_after_term_s"] > 0.5  # they really were in flight
+            if drain_timeout > 5:
+                assert all(o.ok for o in result.outcomes), [o.error for o in result.outcomes]
+                assert fig.values["last_stream_end_after_term_s"] > 0.5  # really in flight
+            else:
+                assert fig.values["exit_after_s"] < drain_timeout + 1.5
+                assert not any(o.ok for o in result.outcomes)  # cut at the drain timeout
