@@ -273,7 +273,7 @@ def build_uniform(seed: int, duration: float, time_scale: float) -> Plan:
 
 # ----- lora -------------------------------------------------------------------------------
 
-LORA_UTILIZATION = 0.4
+LORA_UTILIZATION = 0.6
 LORA_ADAPTERS = 8
 LORA_SLOTS = 4
 LORA_ZIPF = 1.0

@@ -112,6 +112,8 @@ class _DatastoreCollector(Collector):
         self.extra = extra
 
     def collect(self) -> Iterator[Metric]:
+        # `pod` is the pod's name: the configured endpoint (a name or ip:port) or,
+        # in Kubernetes, whatever discovery named it; stable across IP changes.
         labels = ["pool", "pod"]
         gauges = {
             col: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
@@ -133,8 +135,8 @@ class _DatastoreCollector(Collector):
         now = time.monotonic()
         for pool in self.datastore.pools.values():
             t = pool.table
-            for address, pod in pool.pods.items():
-                row, lv = pod.row, [pool.name, address]
+            for pod in pool.pods.values():
+                row, lv = pod.row, [pool.name, pod.name]
                 for col, gauge in gauges.items():
                     gauge.add_metric(lv, float(getattr(t, col)[row]))
                 picks.add_metric(lv, float(t.picks[row]))
@@ -185,8 +187,12 @@ class _RoutingCollector(Collector):
             f"{PREFIX}_pod_scrape_duration_seconds", "Duration of the pod's last scrape.",
             labels=["pool", "pod"],
         )
-        for pool, address, stats in self.scrapes.items():
-            scrapes.add_metric([pool, address, "ok"], float(stats.ok))
-            scrapes.add_metric([pool, address, "failed"], float(stats.failed))
-            duration.add_metric([pool, address], stats.last_duration_s)
+        pools = self.director.datastore.pools
+        for pool_name, address, stats in self.scrapes.items():
+            pool = pools.get(pool_name)
+            pod = pool.pods.get(address) if pool is not None else None
+            name = pod.name if pod is not None else address
+            scrapes.add_metric([pool_name, name, "ok"], float(stats.ok))
+            scrapes.add_metric([pool_name, name, "failed"], float(stats.failed))
+            duration.add_metric([pool_name, name], stats.last_duration_s)
         yield from (queue, index, queried, hit, scrapes, duration)

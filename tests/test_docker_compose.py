@@ -168,12 +168,6 @@ def test_prometheus_scrapes_every_pod_and_the_gateway(
     assert {r["metric"]["pod"] for r in ready} == {f"{p}:8000" for p in PODS}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pods named by DNS: the picker's x-gateway-destination-endpoint carries the "
-    "configured name (pod-h100-0:8000) but Envoy's EDS members are IPs, so override_host "
-    "never matches and Envoy falls back to least-request (picker/director.py)",
-)
 def test_requests_go_to_the_pod_the_picker_chose(
     stack: ComposeStack, client: openai.OpenAI
 ) -> None:
