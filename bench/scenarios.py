@@ -273,7 +273,7 @@ def build_uniform(seed: int, duration: float, time_scale: float) -> Plan:
 
 # ----- lora -------------------------------------------------------------------------------
 
-LORA_UTILIZATION = 0.6
+LORA_UTILIZATION = 0.5
 LORA_ADAPTERS = 8
 LORA_SLOTS = 4
 LORA_ZIPF = 1.0
@@ -336,7 +336,7 @@ SCENARIOS: dict[str, Scenario] = {
             "(log-normal prompt median 400 tokens, output median 150), Poisson arrivals per "
             f"pool at {MIXED_UTILIZATION:.0%} of the pool's round-robin capacity (the A10Gs "
             "are then near saturation under round-robin while the H100s idle).",
-            time_scale=2.0, wall_duration_s=14.0, build=build_mixed),
+            time_scale=2.0, wall_duration_s=12.0, build=build_mixed),
         Scenario(
             "bursty", "Bursty traffic on a uniform fleet",
             ("bursty (Llama-3.1-70B)", "bursty (Qwen3-235B)"),
@@ -345,7 +345,7 @@ SCENARIOS: dict[str, Scenario] = {
             f"{BURST_ON_S:g} s bursts at {BURST_ON_LOAD:g}x (well above capacity), mean "
             "below capacity. ShareGPT-like chat lengths (heavy-tailed: a burst's pods get very "
             "different amounts of work under round-robin).",
-            time_scale=2.0, wall_duration_s=14.0, build=build_bursty),
+            time_scale=2.0, wall_duration_s=12.0, build=build_bursty),
         Scenario(
             "prefix", "Shared system prompts",
             ("shared prompt prefix (Llama-3.1-8B)",),
@@ -355,7 +355,7 @@ SCENARIOS: dict[str, Scenario] = {
             "each followed by a short question (log-normal median 150 tokens), output median "
             f"120. Poisson at {PREFIX_UTILIZATION:.0%} of round-robin capacity computed as if "
             "every pod had every system prompt cached.",
-            time_scale=2.0, wall_duration_s=14.0, build=build_prefix),
+            time_scale=4.0, wall_duration_s=12.0, build=build_prefix),
         Scenario(
             "uniform", "Uniform fleet, steady traffic",
             ("uniform fleet steady traffic (Qwen3-235B)",),
@@ -363,7 +363,7 @@ SCENARIOS: dict[str, Scenario] = {
             "MoE the simulator has no profile for; a dense 70B on identical pods is the same "
             "situation for a router), ShareGPT-like chat, Poisson at "
             f"{UNIFORM_UTILIZATION:.0%} of capacity.",
-            time_scale=2.0, wall_duration_s=14.0, build=build_uniform),
+            time_scale=2.0, wall_duration_s=12.0, build=build_uniform),
         Scenario(
             "lora", "Many LoRA adapters, few adapter slots",
             (),
@@ -372,7 +372,7 @@ SCENARIOS: dict[str, Scenario] = {
             f"names an adapter (Zipf popularity), ShareGPT-like chat, Poisson at "
             f"{LORA_UTILIZATION:.0%} of round-robin capacity. A request whose adapter cannot "
             "get a slot waits until a running request of another adapter finishes.",
-            time_scale=3.0, wall_duration_s=14.0, build=build_lora),
+            time_scale=4.0, wall_duration_s=12.0, build=build_lora),
         Scenario(
             "tiny", "Smoke test", (), "One H100 and one A10G pod, short requests, 50% load.",
             time_scale=4.0, wall_duration_s=3.0, build=build_tiny),
