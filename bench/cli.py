@@ -4,7 +4,7 @@
     igw bench --scenario mixed --routers igw-llm-d,envoy-rr --duration 20
     igw bench --smoke                              # seconds: tiny fleet, two routers
     igw bench --overhead                           # added latency and CPU per request
-    igw bench --guidellm-check                     # TTFT cross-check with guidellm
+    igw bench --guidellm-check --guidellm PATH     # TTFT cross-check with guidellm
 
 Results: bench/results/REPORT.md (+ <scenario>.json, PNG plots) for a full run;
 a partial run writes to bench/results/partial/ unless --out says otherwise.
@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead", action="store_true",
                    help="run the overhead benchmark (bench/overhead.py) instead")
     p.add_argument("--guidellm-check", action="store_true",
-                   help="cross-check our TTFT against guidellm on one scenario")
+                   help="cross-check our TTFT against guidellm (bench/guidellm_check.py)")
+    p.add_argument("--guidellm", default=None, help="guidellm executable for --guidellm-check")
     return p
 
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.guidellm_check:
         from bench.guidellm_check import main as check_main
 
-        return check_main(["--out", str(args.out)] if args.out else [])
+        extra = ["--guidellm", args.guidellm] if args.guidellm else []
+        return check_main((["--out", str(args.out)] if args.out else []) + extra)
     if args.smoke:
         names = ["tiny"]
         routers = parse_routers(args.routers or "igw-llm-d,envoy-rr")

@@ -6,10 +6,10 @@ Backend: bench/echo_server.py, a raw-asyncio HTTP/1.1 server answering a fixed o
 completion (and idle vLLM metrics, so the gateway sees a ready pod), in its own process.
 Routers in front of it, one at a time: none (`direct`), plain Envoy ROUND_ROBIN, this
 gateway (`igw serve`, llm-d), sglang-router and vllm-router (cache_aware, sglang-router's
-default; power_of_two refuses a single worker). Load: `wrk` (C, closed loop, keep-alive) with a Lua script POSTing a 1 KB
-non-streaming chat body (max_tokens 1), at 1 and at 32 concurrent connections, after a
-short warm-up. The gateway, Envoy and sglang-router are HTTPS (same certificate),
-vllm-router and direct are plain HTTP.
+default; power_of_two refuses a single worker). Load: `wrk` (C, closed loop, keep-alive)
+with a Lua script POSTing a 1 KB non-streaming chat body (max_tokens 1), at 1 and at 32
+concurrent connections, after a short warm-up. The gateway, Envoy and sglang-router are
+HTTPS (same certificate), vllm-router and direct are plain HTTP.
 
 Per point: latency p50 / p99 (wrk's own histogram), added latency over `direct` at the
 same concurrency, requests/s, and CPU per request of every process from /proc
