@@ -114,7 +114,8 @@ async def check(exe: str, work: Path) -> dict[str, Any]:
                                                "model": MODEL}], seed=0, time_scale=1.0)
         try:
             url = fleet.pods[0].url
-            out["pod"] = {"guidellm": run_guidellm(exe, url, data, work, False)}
+            out["pod"] = {"guidellm": await asyncio.to_thread(
+                run_guidellm, exe, url, data, work, False)}
             await fleet.reset(session)
             out["pod"]["ours"] = await run_ours(url, items, tls)
         finally:
@@ -123,16 +124,23 @@ async def check(exe: str, work: Path) -> dict[str, Any]:
         fleet = SimFleet.start(work / "gw", [
             {"name": "8b-h100-0", "gpu": "h100", "model": MODEL},
             {"name": "8b-a10g-0", "gpu": "a10g", "model": MODEL}], seed=0, time_scale=1.0)
-        router = ROUTERS["igw-llm-d"].make()
         try:
-            router.start(work, fleet, tls, 1.0)
-            router.wait_ready(fleet)
-            url = router.urls[MODEL]
-            out["gateway"] = {"guidellm": await asyncio.to_thread(
-                run_guidellm, exe, url, data, work, False)}
-            out["gateway"]["ours"] = await run_ours(url, items, tls)
+            out["gateway"] = {}
+            for client in ("guidellm", "ours"):
+                await fleet.reset(session)  # fresh caches: the same prompts run twice
+                router = ROUTERS["igw-llm-d"].make()
+                try:
+                    await asyncio.to_thread(router.start, work, fleet, tls, 1.0)
+                    await asyncio.to_thread(router.wait_ready, fleet)
+                    url = router.urls[MODEL]
+                    if client == "guidellm":
+                        out["gateway"][client] = await asyncio.to_thread(
+                            run_guidellm, exe, url, data, work, False)
+                    else:
+                        out["gateway"][client] = await run_ours(url, items, tls)
+                finally:
+                    await asyncio.to_thread(router.stop)
         finally:
-            router.stop()
             fleet.stop()
     return out
 
@@ -141,7 +149,7 @@ def render(doc: dict[str, Any]) -> str:
     lines = [
         "# TTFT cross-check: our load generator vs guidellm",
         "",
-        f"guidellm {doc.get('guidellm_version', '?')}; same {doc['requests']} prompts "
+        f"{doc.get('guidellm_version', 'guidellm ?')}; same {doc['requests']} prompts "
         f"(log-normal, median 400 tokens) and output lengths, constant {doc['rate_rps']:g} "
         "req/s, fresh pods for each client, time_scale 1. Method: bench/guidellm_check.py.",
         "",

@@ -36,7 +36,7 @@ from igw_envoy.atomic import write_atomic
 from igw_envoy.eds import EndpointError, cluster_name, resolve_endpoints, write_endpoints
 from igw_envoy.xds import write_dynamic
 from picker.admin import AdminService
-from picker.config import ConfigError, GatewayConfig, load_config
+from picker.config import ConfigError, GatewayConfig, load_config_text
 from picker.datalayer.collector import Collector
 from picker.datastore import Datastore
 from picker.director import Director
@@ -55,6 +55,7 @@ DRAIN_TIMEOUT_S = 30.0
 # picker switches anyway (Envoy down or restarting: nothing is served meanwhile).
 ENVOY_APPLY_TIMEOUT_S = 10.0
 RELOAD_STATUS_FILE = "reload-status.json"
+LAST_GOOD_FILE = "config.last-good.yaml"
 OUTLIER_POLL_S = 0.25
 OUTLIER_IDLE_POLL_S = 2.0  # while Envoy's admin port does not answer
 
@@ -73,8 +74,8 @@ class PickerApp:
         self.state_dir = state_dir
         self.host = host
         self.metrics_host = metrics_host or host
-        self.config = load_config(config_path)
         self._config_signature = _signature(config_path)
+        self.config = self._load_initial()
         self.metrics = GatewayMetrics()
         self.datastore = Datastore(self.config)
         self.director = Director(self.datastore, self.metrics)
@@ -185,15 +186,52 @@ class PickerApp:
         for pool in self.datastore.pools.values():
             write_endpoints(self.eds_dir, pool.cluster_name, pool.members())
 
+    @property
+    def last_good_path(self) -> Path:
+        return self.state_dir / LAST_GOOD_FILE
+
+    def _load_initial(self) -> GatewayConfig:
+        """The config file; if it is invalid, the last good one this picker ran.
+
+        A config file broken while the gateway runs is refused by the reload, but
+        a picker restarted after a crash would then not start at all (and the
+        gateway would stay down). So each good file is kept in the state dir,
+        and a restart falls back to it, saying so.
+        """
+        try:
+            config, text = _read_config(self.config_path)
+        except ConfigError as exc:
+            try:
+                config, _ = _read_config(self.last_good_path)
+            except ConfigError:
+                raise exc from None
+            log.error(
+                "%s is invalid (%s); starting with the last good config %s",
+                self.config_path,
+                exc,
+                self.last_good_path,
+            )
+            return config
+        self._keep_last_good(text)
+        return config
+
+    def _keep_last_good(self, text: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.last_good_path, text)
+
     def reload(self) -> bool:
         """Apply the config file if it is valid; keep the running config otherwise."""
         try:
-            config = load_config(self.config_path)
+            config, text = _read_config(self.config_path)
         except ConfigError as exc:
             log.error("config reload refused, keeping the running config: %s", exc)
             self._reload_status("refused", str(exc))
             return False
-        return self.apply_config(config)
+        applied = self.apply_config(config)
+        if applied:
+            self._keep_last_good(text)
+        return applied
 
     def _reload_status(self, result: str, message: str) -> None:
         """Count the outcome and leave it in STATE_DIR/reload-status.json for operators."""
@@ -374,6 +412,15 @@ class PickerApp:
         await done.wait()
         log.info("picker draining")
         await self.stop()
+
+
+def _read_config(path: Path) -> tuple[GatewayConfig, bytes]:
+    """The parsed config and the exact bytes it came from (what is kept as last good)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return load_config_text(data.decode("utf-8", "replace")), data
 
 
 def _signature(path: Path) -> tuple[int, int, int]:

@@ -375,5 +375,6 @@ class Figures:
         out = os.environ.get("IGW_FIGURES_FILE")
         if out:
             with open(out, "a") as fh:
-                fh.write(orjson.dumps({"test": self.name, **self.values}, default=str).decode())
+                record = {"test": self.name, **self.values}
+                fh.write(orjson.dumps(record, default=str, option=orjson.OPT_NON_STR_KEYS).decode())
                 fh.write("\n")

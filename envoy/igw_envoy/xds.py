@@ -10,9 +10,9 @@ two files Envoy watches, each a `DiscoveryResponse` replaced atomically:
 Envoy applies a new CDS file cluster by cluster (an unchanged cluster is kept
 as it is, connections and all; a new one warms from its EDS file before it is
 used) and a new RDS file atomically for new requests, so a reload drops nothing.
-`version_info` is a hash of the content: `applied_version` on Envoy's admin
-`/config_dump` tells when Envoy has taken a version (the picker waits for it
-before it sends requests to a new pool).
+`version_info` is a hash of the content: Envoy's admin `/config_dump` shows
+which version it runs (the picker waits for it before it sends requests to a
+new pool, see picker.envoy_admin).
 """
 
 from __future__ import annotations
@@ -114,21 +114,3 @@ def written_versions(state_dir: Path) -> tuple[str | None, str | None]:
         except (OSError, ValueError):
             out.append(None)
     return out[0], out[1]
-
-
-def applied(config_dump: dict, cds_version: str, rds_version: str, clusters: set[str]) -> bool:
-    """Whether an Envoy `/config_dump` shows the RDS version and every named cluster active.
-
-    Clusters are checked by name (an unchanged cluster keeps the version it was
-    first loaded with); a cluster still warming does not count.
-    """
-    del cds_version  # clusters are checked by name, see above
-    active: set[str] = set()
-    route_versions: set[str] = set()
-    for section in config_dump.get("configs", []):
-        for entry in section.get("dynamic_active_clusters", []):
-            active.add(entry.get("cluster", {}).get("name", ""))
-        for entry in section.get("dynamic_route_configs", []):
-            if entry.get("route_config", {}).get("name") == ROUTE_CONFIG_NAME:
-                route_versions.add(entry.get("version_info", ""))
-    return rds_version in route_versions and clusters <= active

@@ -1,0 +1,234 @@
+"""Unit tests of the pieces the reliability suites rely on (no Envoy, no network).
+
+CDS/RDS documents, the reload's union and restart-only checks, reading Envoy's
+`/clusters`, passive-health marking, speed forgetting, the supervisor's restart
+of a child whose start fails, and the picker's headers-phase answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from igw.gateway import _stat_value
+from igw.supervisor import ChildSpec, Supervisor
+from igw_envoy.render import default_paths, render_bootstrap, write_bootstrap
+from igw_envoy.xds import cds_path, rds_path, write_dynamic, written_versions
+from picker.app import restart_only_changes, union_config
+from picker.config import parse_config
+from picker.datalayer.speed import FORGET_S, forget_weight
+from picker.datastore import Datastore
+from picker.envoy_admin import ejected, parse_clusters
+from picker.scheduling.state import SPEED_STALE_S, PoolState
+
+
+def doc(*schedulers: dict, **spec) -> dict:
+    return {
+        "apiVersion": "inference-gateway.io/v1alpha1",
+        "kind": "InferenceGatewayConfig",
+        "metadata": {"name": "u"},
+        "spec": {"bbr": {"enabled": True}, "schedulers": list(schedulers), **spec},
+    }
+
+
+A = {"name": "a", "modelName": "m-a", "endpoints": ["127.0.0.1:8001"]}
+B = {"name": "b", "modelName": "m-b", "endpoints": ["127.0.0.1:8002"]}
+
+
+# --- CDS / RDS -----------------------------------------------------------------------------
+
+
+def test_dynamic_files_hold_the_pools_and_version_by_content(tmp_path: Path):
+    one = parse_config(doc(A))
+    two = parse_config(doc(A, B))
+    v1 = write_dynamic(one, tmp_path)
+    assert written_versions(tmp_path) == v1
+    clusters = json.loads(cds_path(tmp_path).read_text())
+    assert [r["name"] for r in clusters["resources"]] == ["pool_a"]
+    routes = json.loads(rds_path(tmp_path).read_text())["resources"][0]
+    assert routes["name"] == "gateway"
+    inode = cds_path(tmp_path).stat().st_ino
+    assert write_dynamic(one, tmp_path) == v1
+    assert cds_path(tmp_path).stat().st_ino == inode  # unchanged content: not rewritten
+    v2 = write_dynamic(two, tmp_path)
+    assert v2[0] != v1[0] and v2[1] != v1[1]
+    names = [r["name"] for r in json.loads(cds_path(tmp_path).read_text())["resources"]]
+    assert names == ["pool_a", "pool_b"]
+
+
+def test_bootstrap_points_at_the_dynamic_files_and_inline_form_keeps_them(tmp_path: Path):
+    config = parse_config(doc(A, B))
+    path = write_bootstrap(config, tmp_path / "s")
+    text = path.read_text()
+    assert "cds/clusters.json" in text and "rds/routes.json" in text
+    assert "pool_a" not in text  # the pool clusters live in the CDS file
+    inline = render_bootstrap(config, default_paths(config, tmp_path / "s"))
+    names = [c["name"] for c in inline["static_resources"]["clusters"]]
+    assert names == ["picker", "pool_a", "pool_b"]
+    assert "dynamic_resources" not in inline
+
+
+def test_envoy_restart_keeps_the_pickers_files(tmp_path: Path):
+    state = tmp_path / "s"
+    write_bootstrap(parse_config(doc(A)), state)
+    write_dynamic(parse_config(doc(A, B)), state)  # what the picker wrote after a reload
+    picker_versions = written_versions(state)
+    write_bootstrap(parse_config(doc(A)), state, dynamic_files=False)
+    assert written_versions(state) == picker_versions
+
+
+# --- reload ----------------------------------------------------------------------------------
+
+
+def test_union_config_adds_the_pools_only_the_old_config_has():
+    old = parse_config(doc(A, B))
+    new = parse_config(doc({**A, "routeTimeout": "10s"}))
+    union = union_config(old, new)
+    assert [s.name for s in union.schedulers] == ["a", "b"]
+    assert union.schedulers[0].route_timeout_s == 10.0  # the new version of a kept pool
+
+
+def test_restart_only_changes_name_the_fields():
+    base = parse_config(doc(A))
+    assert restart_only_changes(base, parse_config(doc(A, B))) == []
+    assert restart_only_changes(base, parse_config(doc({**A, "weights": {"queue": 3}}))) == []
+    moved = dataclasses.replace(base, listen_port=base.listen_port + 1, failure_mode="open")
+    assert restart_only_changes(base, moved) == ["spec.listener", "spec.failureMode"]
+    bigger = parse_config(doc(A, bbr={"enabled": True, "maxRequestBodyBytes": 4096}))
+    assert restart_only_changes(base, bigger) == ["spec.bbr.maxRequestBodyBytes"]
+
+
+# --- Envoy's /clusters and passive health ----------------------------------------------------
+
+CLUSTERS = """\
+picker::default_priority::max_connections::100000
+picker::127.0.0.1:9002::health_flags::healthy
+pool_a::added_via_api::true
+pool_a::127.0.0.1:8001::cx_active::1
+pool_a::127.0.0.1:8001::health_flags::/failed_outlier_check
+pool_a::[::1]:8003::health_flags::healthy
+pool_b::added_via_api::true
+"""
+
+
+def test_parse_clusters():
+    hosts = parse_clusters(CLUSTERS)
+    assert hosts["pool_a"] == {"127.0.0.1:8001": "/failed_outlier_check", "[::1]:8003": "healthy"}
+    assert hosts["pool_b"] == {}
+    assert ejected(hosts["pool_a"]["127.0.0.1:8001"])
+    assert not ejected(hosts["pool_a"]["[::1]:8003"])
+
+
+def test_ejected_pod_is_not_ready_until_released(tmp_path: Path):
+    from picker.app import PickerApp
+
+    config_path = tmp_path / "gw.yaml"
+    config_path.write_text(
+        json.dumps(doc({**A, "endpoints": ["127.0.0.1:8001", "127.0.0.1:8003"]}))
+    )
+    app = PickerApp(config_path, tmp_path / "state")
+    pool = app.datastore.pools["a"]
+    row = pool.pods["127.0.0.1:8001"].row
+    app.apply_outliers(parse_clusters(CLUSTERS))
+    assert not pool.table.ready[row]
+    assert pool.table.ready[pool.pods["127.0.0.1:8003"].row]
+    app.apply_outliers(parse_clusters(CLUSTERS.replace("/failed_outlier_check", "healthy")))
+    assert pool.table.ready[row]
+
+
+# --- speed forgetting ------------------------------------------------------------------------
+
+
+def test_forget_weight():
+    assert forget_weight(0) == 0.0
+    assert forget_weight(-1) == 0.0
+    assert forget_weight(FORGET_S) == pytest.approx(1 - math.exp(-1))
+    assert forget_weight(10 * FORGET_S) > 0.99
+
+
+def test_stale_learned_speed_is_replaced_by_the_pool_median():
+    config = parse_config(doc({**A, "endpoints": ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]}))
+    pool = Datastore(config).pools["a"]
+    t = pool.table
+    rows = [p.row for p in pool.pods.values()]
+    t.prefill_tps[rows] = [10_000.0, 10_000.0, 1_000.0]  # the third was slow
+    t.decode_step_s[rows] = [0.01, 0.01, 0.08]
+    t.speed_seen_at[rows] = 100.0
+    state = PoolState(pool)
+    tps, step = state.speeds(now=101.0)
+    assert tps[rows[2]] == 1_000.0 and step[rows[2]] == 0.08  # fresh: trusted
+    state.invalidate_speeds()
+    t.speed_seen_at[rows[:2]] = 100.0 + SPEED_STALE_S  # the others keep being observed
+    tps, step = state.speeds(now=101.0 + SPEED_STALE_S)
+    assert tps[rows[2]] == pytest.approx(10_000.0)  # stale: the pool median
+    assert step[rows[2]] == pytest.approx(0.01)
+    assert np.all(tps[rows[:2]] == 10_000.0)
+
+
+# --- supervisor ------------------------------------------------------------------------------
+
+
+async def test_child_whose_restart_fails_is_retried(tmp_path: Path):
+    marker = tmp_path / "runs"
+    calls = {"n": 0}
+
+    def flaky() -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first restart fails (e.g. an unreadable config)
+            raise RuntimeError("render failed")
+
+    script = f"open({str(marker)!r}, 'a').write('x'); import time; time.sleep(0.2)"
+    spec = ChildSpec("c", [sys.executable, "-c", script], before_start=flaky)
+    sup = Supervisor([spec])
+    await sup.start()
+    try:
+        for _ in range(100):
+            if marker.exists() and len(marker.read_text()) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert len(marker.read_text()) >= 3  # still restarted after the failed start
+        assert calls["n"] >= 4
+    finally:
+        await sup.stop()
+
+
+async def test_before_stop_runs_before_the_signal():
+    order: list[str] = []
+
+    async def drain() -> None:
+        order.append("drain")
+
+    spec = ChildSpec("c", [sys.executable, "-c", "import time; time.sleep(30)"], before_stop=drain)
+    sup = Supervisor([spec])
+    await sup.start()
+    await sup.stop()
+    order.append("stopped")
+    assert order == ["drain", "stopped"]
+    assert sup.exit_codes()["c"] not in (None, 0)  # ended by the signal
+
+
+def test_stat_value():
+    text = "http.ingress_https.downstream_rq_active: 3\nother: 1\n"
+    assert _stat_value(text, "http.ingress_https.downstream_rq_active") == 3
+    assert _stat_value(text, "missing") is None
+
+
+def test_picker_restart_with_a_broken_config_file_uses_the_last_good_one(tmp_path: Path):
+    from picker.app import PickerApp
+    from picker.config import ConfigError
+
+    config_path = tmp_path / "gw.yaml"
+    config_path.write_text(json.dumps(doc(A, B)))
+    PickerApp(config_path, tmp_path / "state")  # a good start keeps a copy
+    config_path.write_text("spec: [broken\n")
+    app = PickerApp(config_path, tmp_path / "state")
+    assert sorted(app.datastore.pools) == ["a", "b"]
+    with pytest.raises(ConfigError):  # nothing good to fall back to: the error stands
+        PickerApp(config_path, tmp_path / "other-state")
