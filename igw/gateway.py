@@ -17,6 +17,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from igw.supervisor import ChildSpec, Supervisor, run_until_signalled
+from igw_envoy.atomic import write_atomic
 from igw_envoy.binary import find_envoy
 from igw_envoy.render import write_bootstrap
 from picker.config import ConfigError, GatewayConfig, load_config
@@ -24,6 +25,7 @@ from picker.config import ConfigError, GatewayConfig, load_config
 log = logging.getLogger("igw.gateway")
 
 READY_TIMEOUT_S = 60.0
+LAST_GOOD_FILE = "config.last-good.yaml"  # = picker.app.LAST_GOOD_FILE
 DRAIN_TIMEOUT_S = 30.0
 DRAIN_POLL_S = 0.1
 ACTIVE_REQUESTS_STAT = "http.ingress_https.downstream_rq_active"
@@ -74,6 +76,9 @@ def gateway_children(
         write_bootstrap(config, state_dir, dynamic_files=False)
 
     write_bootstrap(first, state_dir)
+    # What the picker falls back to if it is restarted while the file is broken (or
+    # changes what only a restart of `igw serve` can change): this start's file.
+    write_atomic(state_dir / LAST_GOOD_FILE, config_path.read_bytes())
     picker = ChildSpec(
         name="picker",
         # Large request bodies: keep glibc from returning (and re-faulting) big

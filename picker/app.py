@@ -199,19 +199,32 @@ class PickerApp:
         and a restart falls back to it, saying so.
         """
         try:
+            last_good: GatewayConfig | None = _read_config(self.last_good_path)[0]
+        except ConfigError:
+            last_good = None
+        try:
             config, text = _read_config(self.config_path)
         except ConfigError as exc:
-            try:
-                config, _ = _read_config(self.last_good_path)
-            except ConfigError:
-                raise exc from None
+            if last_good is None:
+                raise
             log.error(
                 "%s is invalid (%s); starting with the last good config %s",
                 self.config_path,
                 exc,
                 self.last_good_path,
             )
-            return config
+            return last_good
+        if last_good is not None and (fields := restart_only_changes(last_good, config)):
+            # `igw serve` writes the last good copy when it starts, so this is a restart
+            # of the picker alone: Envoy still runs the old listener and ports
+            log.error(
+                "%s changes %s, which needs `igw serve` restarted; starting with the last "
+                "good config %s",
+                self.config_path,
+                ", ".join(fields),
+                self.last_good_path,
+            )
+            return last_good
         self._keep_last_good(text)
         return config
 

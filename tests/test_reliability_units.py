@@ -232,3 +232,15 @@ def test_picker_restart_with_a_broken_config_file_uses_the_last_good_one(tmp_pat
     assert sorted(app.datastore.pools) == ["a", "b"]
     with pytest.raises(ConfigError):  # nothing good to fall back to: the error stands
         PickerApp(config_path, tmp_path / "other-state")
+
+
+def test_picker_restart_refuses_a_listener_change_only_igw_serve_can_apply(tmp_path: Path):
+    from picker.app import PickerApp
+
+    config_path = tmp_path / "gw.yaml"
+    config_path.write_text(json.dumps(doc(A)))
+    first = PickerApp(config_path, tmp_path / "state").config
+    config_path.write_text(json.dumps(doc(A, B, ports={"picker": 19_002})))
+    again = PickerApp(config_path, tmp_path / "state").config
+    assert again.picker_port == first.picker_port  # the running Envoy's picker port
+    assert [s.name for s in again.schedulers] == ["a"]
