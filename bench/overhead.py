@@ -5,11 +5,14 @@
 Backend: bench/echo_server.py, a raw-asyncio HTTP/1.1 server answering a fixed one-token
 completion (and idle vLLM metrics, so the gateway sees a ready pod), in its own process.
 Routers in front of it, one at a time: none (`direct`), plain Envoy ROUND_ROBIN, this
-gateway (`igw serve`, llm-d), sglang-router and vllm-router (cache_aware, sglang-router's
-default; power_of_two refuses a single worker). Load: `wrk` (C, closed loop, keep-alive)
-with a Lua script POSTing a 1 KB non-streaming chat body (max_tokens 1), at 1 and at 32
-concurrent connections, after a short warm-up. The gateway, Envoy and sglang-router are
-HTTPS (same certificate), vllm-router and direct are plain HTTP.
+gateway (`igw serve`, llm-d; once more with its admission control switched off, to
+separate the pipeline's cost from the admission queue's pacing), sglang-router and
+vllm-router (cache_aware, sglang-router's default; power_of_two refuses a single worker).
+
+Load: `wrk` (C, closed loop, keep-alive) with a Lua script POSTing a 1 KB non-streaming
+chat body (max_tokens 1), at 1 and at 32 concurrent connections, after a short warm-up.
+The gateway, Envoy and sglang-router are HTTPS (same certificate); vllm-router (no TLS
+option) and direct are plain HTTP.
 
 Per point: latency p50 / p99 (wrk's own histogram), added latency over `direct` at the
 same concurrency, requests/s, and CPU per request of every process from /proc
@@ -39,7 +42,7 @@ from bench.routers import ROUTERS, Router, versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "echo-model"
-TARGETS = ("direct", "envoy-rr", "igw-llm-d", "sglang-cache", "vllm-cache")
+TARGETS = ("direct", "envoy-rr", "igw-llm-d", "igw-llm-d-noadmit", "sglang-cache", "vllm-cache")
 CONCURRENCY = (1, 32)
 WARMUP_S = 2
 IDLE_S = 3.0

@@ -50,6 +50,29 @@ def ttft_stats(results: list[Result]) -> dict[str, float | None]:
     return {f"ttft_p{q}": _round(_pct(ttft, q)) for q in (50, 95, 99)}
 
 
+def ideal_ttft(plan: Plan) -> dict[str, Any]:
+    """TTFT percentiles if every request ran alone on its pool's fastest pod, with any shared
+    system prompt already cached: no router can do better, so `best possible Δ` vs a
+    baseline bounds what any router could show in this scenario."""
+    from simulator.profiles import build_profile
+
+    profiles = {
+        pool.model: [build_profile(p["gpu"], p["model"]) for p in pool.pods] for pool in plan.pools
+    }
+    per_pool: dict[str, list[float]] = {}
+    for req in plan.requests:
+        uncached = max(1, req.prompt_tokens - req.shared_prefix_tokens)
+        best = min((pr.base_step_ms + pr.per_seq_ms) / 1000 + uncached / pr.prefill_tokens_per_s
+                   for pr in profiles[req.pool])
+        per_pool.setdefault(req.pool, []).append(best)
+    every = [t for ts in per_pool.values() for t in ts]
+    out: dict[str, Any] = {f"ttft_p{q}": _round(_pct(every, q)) for q in (50, 95, 99)}
+    if len(per_pool) > 1:
+        out["per_pool"] = {pool: {f"ttft_p{q}": _round(_pct(ts, q)) for q in (50, 95, 99)}
+                           for pool, ts in per_pool.items()}
+    return out
+
+
 def summarize(run: RunResult, plan: Plan) -> dict[str, Any]:
     """One router's figures for one scenario."""
     if not run.ok:
@@ -96,11 +119,14 @@ def summarize(run: RunResult, plan: Plan) -> dict[str, Any]:
         "attempts": run.attempts,
     }
     if len(plan.pools) > 1:
-        out["per_pool"] = {
-            pool.model: {**ttft_stats([r for r in res if r.model == pool.model]),
-                         "requests": sum(1 for r in res if r.model == pool.model)}
-            for pool in plan.pools
-        }
+        pool_of = {r.index: r.pool for r in plan.requests}
+        out["per_pool"] = {}
+        for pool in plan.pools:
+            mine = [r for r in res if pool_of.get(r.index) == pool.model]
+            out["per_pool"][pool.model] = {
+                **ttft_stats(mine), "requests": len(mine),
+                "output_tokens_per_s": _round(sum(r.tokens_in_window for r in mine) / window, 1),
+            }
     return out
 
 
@@ -317,6 +343,7 @@ def raw_json(scenario: Scenario, plan: Plan, runs: list[RunResult],
         "calibration": plan.calibration,
         "meta": meta,
         "summaries": summaries,
+        "ideal_ttft": ideal_ttft(plan),
         "comparison": comparison(summaries),
         "runs": [
             {
@@ -354,6 +381,18 @@ def scenario_section(scenario: Scenario, plan: Plan, summaries: list[dict[str, A
     parts.append(
         f"- {len(plan.requests)} requests over {plan.duration_s:.0f} model seconds "
         f"(time_scale {plan.time_scale:g}: {plan.wall_duration_s:.0f} s of wall time per router)."
+    )
+    ideal = ideal_ttft(plan)
+    base = next((x for x in summaries if x["router"] == BASELINE and x.get("ok")), None)
+    bound = ""
+    if base:
+        bound = (f"; best possible Δ vs Envoy round-robin: p95 "
+                 f"{_fmt_pct(change(ideal['ttft_p95'], base['ttft_p95']))}, p99 "
+                 f"{_fmt_pct(change(ideal['ttft_p99'], base['ttft_p99']))}")
+    parts.append(
+        f"- Lower bound (every request alone on its pool's fastest pod, shared prompts cached): "
+        f"TTFT p50 {_fmt_s(ideal['ttft_p50'])}, p95 {_fmt_s(ideal['ttft_p95'])}, p99 "
+        f"{_fmt_s(ideal['ttft_p99'])}{bound}."
     )
     parts += ["", scenario_table(summaries), ""]
     if len(plan.pools) > 1:

@@ -80,6 +80,9 @@ ROUTERS: dict[str, RouterSpec] = {
         RouterSpec("igw-epp", "igw", "epp", "gateway epp"),
         RouterSpec("igw-least-request", "igw", "least-request", "gateway least-request"),
         RouterSpec("igw-round-robin", "igw", "round-robin", "gateway round-robin"),
+        # admission control off (saturation thresholds out of reach): for the overhead
+        # benchmark, to separate the pipeline's cost from the admission queue's pacing
+        RouterSpec("igw-llm-d-noadmit", "igw", "llm-d", "gateway llm-d, admission off"),
         RouterSpec("envoy-rr", "envoy", "ROUND_ROBIN", "Envoy ROUND_ROBIN"),
         RouterSpec("envoy-lr", "envoy", "LEAST_REQUEST", "Envoy LEAST_REQUEST"),
         RouterSpec("sglang-rr", "sglang", "round_robin", "sglang-router round_robin"),
@@ -219,6 +222,9 @@ class GatewayRouter(Router):
                             "staleAfter": f"{2000 / time_scale:.3f}ms"},
                 "saturation": {"queueTimeout": f"{10000 / time_scale:.3f}ms"},
             })
+            if self.name.endswith("-noadmit"):
+                schedulers[-1]["saturation"].update(
+                    {"queueThreshold": 1_000_000, "kvCacheThreshold": 1.0})
         config = {
             "apiVersion": "inference-gateway.io/v1alpha1",
             "kind": "InferenceGatewayConfig",
@@ -232,7 +238,7 @@ class GatewayRouter(Router):
                           "envoyAdmin": envoy_admin},
             },
         }
-        state = work / f"gw-{self.spec.policy}"
+        state = work / f"gw-{self.name}"
         state.mkdir(parents=True, exist_ok=True)
         path = state / "gateway.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -60,6 +60,16 @@ class RunResult:
         late = sorted(r.lateness_ms for r in self.results if r.error != "dropped")
         return late[min(len(late) - 1, int(0.99 * len(late)))] if late else 0.0
 
+    def sim_lateness_p99_ms(self) -> float:
+        """The worst pod's p99 lateness (tokens written after their model time), wall ms."""
+        values = [(p.get("lateness_ms") or {}).get("p99") or 0.0 for p in self.pods.values()]
+        return max(values, default=0.0)
+
+    def contended(self) -> bool:
+        """Was the machine too busy for this run's timing to be trusted?"""
+        return (self.lateness_p99_ms() > CONTENDED_LATENESS_MS
+                or self.sim_lateness_p99_ms() > CONTENDED_LATENESS_MS)
+
 
 def tls_material(work: Path) -> TlsMaterial:
     from igw_envoy.tls import ensure_self_signed
@@ -232,14 +242,16 @@ async def run_scenario(
             for spec in routers:
                 run = await run_router(spec, plan, warmup, fleet, tls, work, session,
                                        drain_s=drain_s, progress=progress)
-                if run.ok and run.lateness_p99_ms() > CONTENDED_LATENESS_MS:
-                    # the load generator could not keep its schedule: something else had
-                    # the CPU. Run once more and keep the attempt that kept time better.
+                if run.ok and run.contended():
+                    # the load generator or the simulator could not keep its schedule:
+                    # something else had the CPU. Run once more and keep the attempt that
+                    # kept time better.
                     log(f"  {plan.scenario}/{spec.name}: send lateness p99 "
-                        f"{run.lateness_p99_ms():.0f} ms, machine busy; running again")
+                        f"{run.lateness_p99_ms():.0f} ms, simulator lateness p99 "
+                        f"{run.sim_lateness_p99_ms():.0f} ms: machine busy; running again")
                     again = await run_router(spec, plan, warmup, fleet, tls, work, session,
                                              drain_s=drain_s, progress=progress)
-                    if again.ok and again.lateness_p99_ms() < run.lateness_p99_ms():
+                    if again.ok and _worst(again) < _worst(run):
                         run = again
                     run.attempts = 2
                 runs.append(run)
@@ -249,14 +261,20 @@ async def run_scenario(
     return runs
 
 
+def _worst(run: RunResult) -> float:
+    return max(run.lateness_p99_ms(), run.sim_lateness_p99_ms())
+
+
 def _one_line(plan: Plan, run: RunResult) -> str:
+    import numpy as np
+
     if not run.ok:
         return f"  {plan.scenario}/{run.router}: FAILED: {run.error.splitlines()[0][:200]}"
-    ttfts = sorted(r.ttft_s for r in run.results if r.ttft_s is not None)
+    ttfts = [r.ttft_s for r in run.results if r.ttft_s is not None]
     errors = sum(1 for r in run.results if r.error not in ("", "unfinished"))
 
     def pct(q: float) -> float:
-        return ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] if ttfts else float("nan")
+        return float(np.percentile(ttfts, 100 * q)) if ttfts else float("nan")
 
     return (f"  {plan.scenario}/{run.router}: {len(run.results)} req, {errors} errors, TTFT "
             f"p50 {pct(0.5):.3f}s p95 {pct(0.95):.3f}s p99 {pct(0.99):.3f}s "

@@ -237,7 +237,7 @@ def build_prefix(seed: int, duration: float, time_scale: float) -> Plan:
             index=i, at=t, model=model, pool=model,
             body=chat_body(model, user, output, system=systems[k]),
             prompt_tokens=chat_prompt_tokens(user, systems[k]), max_tokens=output,
-            group=f"system-{k}",
+            group=f"system-{k}", shared_prefix_tokens=len(f"<|system|>\n{systems[k]}\n") // 4,
         ))
     return Plan("prefix", [pool], time_scale, duration, reqs, _calibration(
         [pool], PREFIX_UTILIZATION, arrivals="Poisson",

@@ -42,6 +42,7 @@ class RequestSpec:
     prompt_tokens: int
     max_tokens: int
     group: str = ""  # e.g. the system prompt or adapter it uses, for breakdowns
+    shared_prefix_tokens: int = 0  # leading tokens shared with other requests (system prompt)
 
 
 class Corpus:

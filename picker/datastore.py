@@ -20,6 +20,10 @@ from picker.config import GatewayConfig, SchedulerConfig
 
 INITIAL_CAPACITY = 16
 MAX_ADAPTERS = 64
+# A learned speed not refreshed by any observation for this long is unknown: the
+# scheduler gives the pod the pool median (so it gets requests again), and the speed
+# learner takes the next observation as the new estimate (picker.datalayer.speed).
+SPEED_STALE_S = 5.0
 
 FLOAT_COLUMNS = (
     # scraped from the pod's /metrics

@@ -6,16 +6,16 @@ always stopped by PID (SIGTERM, then SIGKILL) when the test ends.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
-import selectors
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,23 +46,59 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+class _LineReader:
+    """One thread per child reading its stdout into a queue (until `discard`).
+
+    A selector on the pipe plus `readline()` on the buffered text stream can miss a
+    line: one read may pull two lines into Python's buffer, the selector then waits
+    for the pipe, which has nothing more (measured: the gateway's URL line arrived
+    together with an Envoy access-log line, and the wait timed out after 60 s).
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._discard = False
+        threading.Thread(target=self._run, args=(stream,), daemon=True).start()
+
+    def _run(self, stream: Any) -> None:
+        for line in stream:
+            if not self._discard:
+                self.lines.put(line)
+        self.lines.put(None)
+
+    def discard(self) -> None:
+        """Keep draining the pipe (a full pipe blocks the child) but keep nothing."""
+        self._discard = True
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.lines.get_nowait()
+
+
+_READERS: weakref.WeakKeyDictionary[subprocess.Popen[str], _LineReader] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _reader(proc: subprocess.Popen[str]) -> _LineReader:
+    reader = _READERS.get(proc)
+    if reader is None:
+        assert proc.stdout is not None
+        reader = _READERS[proc] = _LineReader(proc.stdout)
+    return reader
+
+
 def _wait_line(proc: subprocess.Popen[str], predicate, timeout: float) -> str:
     """Read stdout lines until one matches; fail with the process's output if it dies."""
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    reader = _reader(proc)
     deadline = time.monotonic() + timeout
     seen: list[str] = []
-    while time.monotonic() < deadline:
-        if not sel.select(timeout=0.2):
-            if proc.poll() is not None:
-                break
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = reader.lines.get(timeout=min(left, 0.2))
+        except queue.Empty:
             continue
-        line = proc.stdout.readline()
-        if not line:
-            if proc.poll() is not None:
-                break
-            continue
+        if line is None:  # end of output: the process is gone
+            break
         seen.append(line)
         if predicate(line):
             return line.strip()
@@ -74,9 +110,7 @@ def _drain_output(proc: subprocess.Popen[str]) -> None:
     """Keep reading a child's stdout after its ready line. Envoy's access log goes
     there: an undrained pipe fills after ~64 KiB and then blocks Envoy's log-flush
     thread, which makes Envoy hang on SIGTERM (it joins that thread)."""
-    assert proc.stdout is not None
-    stream = proc.stdout
-    threading.Thread(target=lambda: collections.deque(stream, maxlen=0), daemon=True).start()
+    _reader(proc).discard()
 
 
 def stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> int | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -23,10 +22,10 @@ from igw_envoy.render import default_paths, render_bootstrap, write_bootstrap
 from igw_envoy.xds import cds_path, rds_path, write_dynamic, written_versions
 from picker.app import restart_only_changes, union_config
 from picker.config import parse_config
-from picker.datalayer.speed import FORGET_S, forget_weight
-from picker.datastore import Datastore
+from picker.datalayer.speed import forget_weight
+from picker.datastore import SPEED_STALE_S, Datastore
 from picker.envoy_admin import ejected, parse_clusters
-from picker.scheduling.state import SPEED_STALE_S, PoolState
+from picker.scheduling.state import PoolState
 
 
 def doc(*schedulers: dict, **spec) -> dict:
@@ -149,8 +148,8 @@ def test_ejected_pod_is_not_ready_until_released(tmp_path: Path):
 def test_forget_weight():
     assert forget_weight(0) == 0.0
     assert forget_weight(-1) == 0.0
-    assert forget_weight(FORGET_S) == pytest.approx(1 - math.exp(-1))
-    assert forget_weight(10 * FORGET_S) > 0.99
+    assert forget_weight(SPEED_STALE_S / 2) == 0.0  # a short gap changes nothing
+    assert forget_weight(SPEED_STALE_S + 0.1) == 1.0  # an expired estimate is replaced
 
 
 def test_stale_learned_speed_is_replaced_by_the_pool_median():

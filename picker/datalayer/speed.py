@@ -7,10 +7,11 @@ token. Each window's figure is folded into an EWMA whose weight grows with the
 number of observations in the window, so a window with one request nudges
 the estimate and a window with fifty moves it most of the way.
 
-An estimate also ages: when observations arrive after a gap with none (the
-pod got no requests, e.g. because it was slow), the old estimate keeps only
-e^(-gap / FORGET_S) of its weight, so a pod that recovered is re-learned from
-its first few requests instead of staying "slow" for good.
+An estimate also expires: when observations arrive after more than
+`SPEED_STALE_S` without any (the pod got no requests, e.g. because it was
+slow), they replace the old estimate instead of nudging it, so a pod that
+recovered is re-learned from its first requests instead of staying "slow" for
+good. A shorter gap changes nothing.
 
 Counters restart from zero when a pod restarts; like Prometheus' `rate()`, a
 decrease is read as a reset and the new value is the whole delta since then,
@@ -27,10 +28,9 @@ import numpy as np
 
 from picker.datalayer.engines import Signal
 from picker.datalayer.parser import MetricsSnapshot
-from picker.datastore import PodTable
+from picker.datastore import SPEED_STALE_S, PodTable
 
 DEFAULT_ALPHA = 0.1  # weight of one observation
-FORGET_S = 2.0  # an estimate without new observations for this long keeps e^-1 of its weight
 
 
 def counter_deltas(current: tuple[float, ...], previous: tuple[float, ...]) -> tuple[float, ...]:
@@ -67,10 +67,9 @@ def observation_weight(n: float, alpha: float = DEFAULT_ALPHA) -> float:
 
 
 def forget_weight(gap_s: float) -> float:
-    """Least weight of a new window after `gap_s` seconds without observations."""
-    if not gap_s > 0:
-        return 0.0
-    return 1.0 - math.exp(-gap_s / FORGET_S)
+    """Least weight of a new window after `gap_s` seconds without observations:
+    1 (replace) once the old estimate has expired, else 0 (no effect)."""
+    return 1.0 if gap_s > SPEED_STALE_S else 0.0
 
 
 def ewma(previous: float, sample: float, weight: float) -> float:

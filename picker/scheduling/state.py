@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from picker.datastore import MAX_ADAPTERS, Pool
+from picker.datastore import MAX_ADAPTERS, SPEED_STALE_S, Pool
 from picker.scheduling.prefix_index import DEFAULT_BLOCKS_PER_POD, PrefixIndex
 from picker.scheduling.request import SchedulingRequest
 
@@ -29,10 +29,9 @@ DEFAULT_PROMPT_TOKENS = 512.0
 DEFAULT_OUTPUT_TOKENS = 256.0
 MAX_OUTPUT_TOKENS_ESTIMATE = 8192.0
 SPEED_REFRESH_S = 0.2
-# A learned speed with no new observation for this long is not trusted: the pod
-# is given the pool median (it may have recovered from whatever made it slow; it
-# gets a few requests, and picker.datalayer.speed re-learns it from them).
-SPEED_STALE_S = 5.0
+# A learned speed with no new observation for SPEED_STALE_S is not trusted: the
+# pod is given the pool median (it may have recovered from whatever made it slow;
+# it gets a few requests, and picker.datalayer.speed re-learns it from them).
 
 
 class PoolState:
