@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidellm-check", action="store_true",
                    help="cross-check our TTFT against guidellm (bench/guidellm_check.py)")
     p.add_argument("--guidellm", default=None, help="guidellm executable for --guidellm-check")
+    p.add_argument("--rerender", action="store_true",
+                   help="rebuild REPORT.md and plots from the <scenario>.json files in --out "
+                        "(default bench/results) without running anything")
     return p
 
 
@@ -87,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
         extra = ["--guidellm", args.guidellm] if args.guidellm else []
         return check_main((["--out", str(args.out)] if args.out else []) + extra)
+    if args.rerender:
+        return rerender(args.out or RESULTS)
     if args.smoke:
         names = ["tiny"]
         routers = parse_routers(args.routers or "igw-llm-d,envoy-rr")
@@ -141,6 +146,37 @@ async def _run(names: list[str], routers, args: argparse.Namespace, out: Path, w
     (out / "REPORT.md").write_text(report)
     print(f"report: {out / 'REPORT.md'} ({meta['total_wall_s']:.0f} s)", flush=True)
     return 1 if failed else 0
+
+
+def rerender(out: Path) -> int:
+    """REPORT.md and plots again from the raw JSON of a previous run (same seed and scale)."""
+    import json
+
+    from bench.report import load_runs, write_scenario
+
+    sections, headline = [], []
+    meta: dict[str, Any] = {}
+    for name in [*ALL, "tiny"]:
+        path = out / f"{name}.json"
+        if not path.exists():
+            continue
+        doc = json.loads(path.read_text())
+        meta = doc.get("meta", meta)
+        scenario = SCENARIOS[name]
+        scale = doc["time_scale"]
+        plan = scenario.plan(meta.get("seed", 0), doc["duration_model_s"] / scale, scale)
+        runs = load_runs(doc)
+        section, summaries = write_scenario(out, scenario, plan, runs, meta)
+        sections.append(section)
+        headline.append({"scenario": name, "plan": plan, "summaries": summaries})
+    if not headline:
+        print(f"no <scenario>.json in {out}", file=sys.stderr)
+        return 1
+    meta.setdefault("total_wall_s", 0.0)
+    (out / "REPORT.md").write_text(render_report(meta, sections, headline,
+                                                 full=len(headline) >= len(ALL)))
+    print(f"report: {out / 'REPORT.md'} (re-rendered)")
+    return 0
 
 
 def _use_uvloop() -> None:

@@ -50,6 +50,21 @@ def ttft_stats(results: list[Result]) -> dict[str, float | None]:
     return {f"ttft_p{q}": _round(_pct(ttft, q)) for q in (50, 95, 99)}
 
 
+BOOTSTRAP = 2000
+
+
+def bootstrap_ci(values: list[float], q: float, seed: int = 0) -> tuple[float, float] | None:
+    """90 % bootstrap interval of the q-th percentile: how much the figure could move with
+    another draw of the same traffic (a few hundred requests per run make p99 noisy)."""
+    if len(values) < 20:
+        return None
+    a = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    samples = rng.choice(a, size=(BOOTSTRAP, len(a)), replace=True)
+    stats = np.percentile(samples, q, axis=1)
+    return float(np.percentile(stats, 5)), float(np.percentile(stats, 95))
+
+
 def ideal_ttft(plan: Plan) -> dict[str, Any]:
     """TTFT percentiles if every request ran alone on its pool's fastest pod, with any shared
     system prompt already cached: no router can do better, so `best possible Δ` vs a
@@ -95,6 +110,8 @@ def summarize(run: RunResult, plan: Plan) -> dict[str, Any]:
         "ok": True,
         "requests": len(res),
         **ttft_stats(res),
+        "ttft_p95_ci90": _ci([r.ttft_s for r in res if r.ttft_s is not None], 95),
+        "ttft_p99_ci90": _ci([r.ttft_s for r in res if r.ttft_s is not None], 99),
         "e2e_p95": _round(_pct([r.e2e_s for r in finished], 95)),
         "requests_per_s": _round(len(in_window) / window, 3),
         "output_tokens_per_s": _round(sum(r.tokens_in_window for r in res) / window, 1),
@@ -130,6 +147,11 @@ def summarize(run: RunResult, plan: Plan) -> dict[str, Any]:
     return out
 
 
+def _ci(values: list[float], q: float) -> list[float] | None:
+    ci = bootstrap_ci(values, q)
+    return None if ci is None else [round(ci[0], 4), round(ci[1], 4)]
+
+
 def change(value: float | None, base: float | None) -> float | None:
     if value is None or base is None or base == 0:
         return None
@@ -144,6 +166,15 @@ def _fmt_s(v: float | None) -> str:
     if v is None:
         return "n/a"
     return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def _fmt_ci(ci: list[float] | None) -> str:
+    if not ci:
+        return ""
+    lo, hi = ci
+    if hi < 1:
+        return f"({lo * 1000:.0f}–{hi * 1000:.0f})"
+    return f"({lo:.2f}–{hi:.2f})"
 
 
 def best_peer(summaries: list[dict[str, Any]], key: str = "ttft_p95") -> dict[str, Any] | None:
@@ -177,8 +208,8 @@ def comparison(summaries: list[dict[str, Any]], ours: str = "igw-llm-d") -> dict
 def scenario_table(summaries: list[dict[str, Any]]) -> str:
     base = next((s for s in summaries if s["router"] == BASELINE and s.get("ok")), None)
     lines = [
-        "| router | TTFT p50 | TTFT p95 | TTFT p99 | E2E p95 | req/s | out tok/s | errors "
-        "| Δ TTFT p95 | Δ TTFT p99 | Δ tok/s |",
+        "| router | TTFT p50 | TTFT p95 (90% CI) | TTFT p99 (90% CI) | E2E p95 | req/s "
+        "| out tok/s | errors | Δ TTFT p95 | Δ TTFT p99 | Δ tok/s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in summaries:
@@ -191,8 +222,10 @@ def scenario_table(summaries: list[dict[str, Any]]) -> str:
         dtok = change(s["output_tokens_per_s"], base["output_tokens_per_s"]) if base else None
         bold = "**" if s["router"] == "igw-llm-d" else ""
         lines.append(
-            f"| {bold}{s['label']}{bold} | {_fmt_s(s['ttft_p50'])} | {_fmt_s(s['ttft_p95'])} "
-            f"| {_fmt_s(s['ttft_p99'])} | {_fmt_s(s['e2e_p95'])} | {s['requests_per_s']:.2f} "
+            f"| {bold}{s['label']}{bold} | {_fmt_s(s['ttft_p50'])} "
+            f"| {_fmt_s(s['ttft_p95'])} {_fmt_ci(s.get('ttft_p95_ci90'))} "
+            f"| {_fmt_s(s['ttft_p99'])} {_fmt_ci(s.get('ttft_p99_ci90'))} "
+            f"| {_fmt_s(s['e2e_p95'])} | {s['requests_per_s']:.2f} "
             f"| {s['output_tokens_per_s']:.0f} | {s['errors']} | {_fmt_pct(d95)} "
             f"| {_fmt_pct(d99)} | {_fmt_pct(dtok)} |"
         )
@@ -347,7 +380,9 @@ def raw_json(scenario: Scenario, plan: Plan, runs: list[RunResult],
         "comparison": comparison(summaries),
         "runs": [
             {
-                "router": r.router, "ok": r.ok, "error": r.error, "describe": r.describe,
+                "router": r.router, "label": r.label, "ok": r.ok, "error": r.error,
+                "describe": r.describe, "wall_s": r.wall_s, "arrivals_wall_s": r.arrivals_wall_s,
+                "max_in_flight": r.max_in_flight, "setup_s": r.setup_s,
                 "cpu": r.cpu, "cpu_timeline": r.cpu_timeline, "queues": r.queues,
                 "pods": r.pods, "diagnostics": r.diagnostics, "attempts": r.attempts,
                 "results": {f: [getattr(x, f) for x in r.results] for f in fields},
@@ -430,3 +465,26 @@ def write_scenario(out_dir: Path, scenario: Scenario, plan: Plan, runs: list[Run
     (out_dir / f"{scenario.name}.json").write_bytes(
         raw_json(scenario, plan, runs, summaries, meta))
     return scenario_section(scenario, plan, summaries, plots), summaries
+
+
+def load_runs(doc: dict[str, Any]) -> list[RunResult]:
+    """RunResults back from a <scenario>.json (to re-render a report without re-running)."""
+    by_summary = {s["router"]: s for s in doc.get("summaries", [])}
+    runs = []
+    for r in doc["runs"]:
+        summary = by_summary.get(r["router"], {})
+        cols = r.get("results") or {}
+        n = len(next(iter(cols.values()), []))
+        results = [Result(**{k: cols[k][i] for k in cols}) for i in range(n)]
+        runs.append(RunResult(
+            router=r["router"], label=r.get("label") or summary.get("label", r["router"]),
+            ok=r["ok"], error=r.get("error", ""), describe=r.get("describe", {}),
+            results=results, cpu=r.get("cpu", {}), cpu_timeline=r.get("cpu_timeline", []),
+            queues=r.get("queues", []), pods=r.get("pods", {}),
+            wall_s=r.get("wall_s", summary.get("wall_s", 0.0)),
+            arrivals_wall_s=r.get("arrivals_wall_s", 0.0),
+            max_in_flight=r.get("max_in_flight", summary.get("max_in_flight", 0)),
+            setup_s=r.get("setup_s", summary.get("setup_s", 0.0)),
+            diagnostics=r.get("diagnostics", {}), attempts=r.get("attempts", 1),
+        ))
+    return runs

@@ -162,16 +162,17 @@ def test_shared_long_prefix_sticks_to_one_pod(stack_factory):
 
 
 def test_adapter_request_prefers_the_pod_where_it_is_resident(stack_factory):
+    # vLLM's metrics show only adapters of *running* requests; an adapter loaded
+    # by an earlier request stays resident (LRU) and only the gateway remembers
+    # where it sent it. Every pod is idle, so residency is what decides.
     s = stack_factory(pods(3))
-    first = s.send(chat("load the adapter", model="sql-lora", max_tokens=400))
+    first = s.send(chat("load the adapter", model="sql-lora"))
     assert first.status_code == 200
     home = first.headers["x-sim-pod"]
-    # Keep the adapter busy (resident and running) on its pod, then ask again.
-    s.direct(home, chat("keep it busy", model="sql-lora", max_tokens=2000))
-    wait_for(lambda: s.state(home)["num_requests_running"] >= 1, what="adapter running")
-    time.sleep(0.2)
+    time.sleep(0.2)  # scrapes now show no running adapter anywhere
     served = s.served(6, lambda i: chat(f"sql {i}", model="sql-lora"))
-    assert served[home] == 6, (home, served)
+    assert served == Counter({home: 6}), (home, served)
+    assert s.state(home)["lora_loads"] == 1
 
 
 def test_pod_with_failing_metrics_gets_nothing_then_returns(stack_factory):
