@@ -29,8 +29,7 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from igw_envoy.atomic import write_atomic
 from igw_envoy.eds import EndpointError, cluster_name, resolve_endpoints, write_endpoints
@@ -42,7 +41,7 @@ from picker.datastore import Datastore
 from picker.director import Director
 from picker.discovery.static import StaticResolver
 from picker.envoy_admin import EnvoyAdmin, ejected
-from picker.gateway_metrics import PREFIX, GatewayMetrics
+from picker.gateway_metrics import GatewayMetrics, process_families
 from picker.handlers import ExtProcHandler
 from proto import admin_pb2_grpc
 
@@ -82,12 +81,6 @@ class PickerApp:
         self.collector = Collector(self.datastore)
         self.metrics.attach_routing(self.director, self.collector.counters)
         self.metrics.attach(self.datastore, self._process_metrics)
-        self.reloads = Counter(
-            f"{PREFIX}_config_reloads",
-            "Config changes seen, by result (applied, refused).",
-            ["result"],
-            registry=self.metrics.registry,
-        )
         self.envoy = EnvoyAdmin(self.config.envoy_admin_port)
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
@@ -248,7 +241,7 @@ class PickerApp:
 
     def _reload_status(self, result: str, message: str) -> None:
         """Count the outcome and leave it in STATE_DIR/reload-status.json for operators."""
-        self.reloads.labels(result).inc()
+        self.metrics.reloads.labels(result).inc()
         status = {"result": result, "message": message, "config": str(self.config_path)}
         with contextlib.suppress(OSError):
             self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -379,20 +372,7 @@ class PickerApp:
         self._ejected = now_ejected
 
     def _process_metrics(self) -> Iterator[Metric]:
-        tasks = GaugeMetricFamily(
-            f"{PREFIX}_picker_asyncio_tasks", "asyncio tasks alive in the picker process."
-        )
-        tasks.add_metric([], float(len(asyncio.all_tasks())))
-        yield tasks
-        fds = GaugeMetricFamily(f"{PREFIX}_picker_open_fds", "Open file descriptors.")
-        with contextlib.suppress(OSError):
-            fds.add_metric([], float(len(os.listdir("/proc/self/fd"))))
-        yield fds
-        ejected_pods = GaugeMetricFamily(
-            f"{PREFIX}_pods_ejected", "Pods Envoy's outlier detection currently ejects."
-        )
-        ejected_pods.add_metric([], float(len(self._ejected)))
-        yield ejected_pods
+        return process_families(len(self._ejected))
 
     async def stop(self, drain_timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Stop taking new streams, let open ones (in-flight requests) finish."""

@@ -7,6 +7,9 @@ it is read from there when Prometheus scrapes, not counted again per request.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -67,6 +70,10 @@ class GatewayMetrics:
             "Time from body received to pick (excluding admission wait).",
             buckets=SCHED_BUCKETS,
             registry=r,
+        )
+        self.reloads = Counter(
+            f"{PREFIX}_config_reloads", "Config changes seen, by result (applied, refused).",
+            ["result"], registry=r,
         )
         self._requests_by_pool: dict[str, Counter] = {}
         self._completions_by_pool: dict[str, Counter] = {}
@@ -196,3 +203,21 @@ class _RoutingCollector(Collector):
             scrapes.add_metric([pool_name, name, "failed"], float(stats.failed))
             duration.add_metric([pool_name, name], stats.last_duration_s)
         yield from (queue, index, queried, hit, scrapes, duration)
+
+
+def process_families(ejected_pods: int) -> Iterator[Metric]:
+    """The picker process's own health: leak watch and Envoy's outlier ejections."""
+    tasks = GaugeMetricFamily(
+        f"{PREFIX}_picker_asyncio_tasks", "asyncio tasks alive in the picker process."
+    )
+    tasks.add_metric([], float(len(asyncio.all_tasks())))
+    yield tasks
+    fds = GaugeMetricFamily(f"{PREFIX}_picker_open_fds", "Open file descriptors.")
+    with contextlib.suppress(OSError):
+        fds.add_metric([], float(len(os.listdir("/proc/self/fd"))))
+    yield fds
+    ejected = GaugeMetricFamily(
+        f"{PREFIX}_pods_ejected", "Pods Envoy's outlier detection currently ejects."
+    )
+    ejected.add_metric([], float(ejected_pods))
+    yield ejected

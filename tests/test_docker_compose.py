@@ -191,11 +191,6 @@ def test_requests_go_to_the_pod_the_picker_chose(
     assert picks == served
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="picker/app.py (_process_metrics) defines igw_picker_asyncio_tasks, "
-    "igw_picker_open_fds and igw_pods_ejected outside picker/gateway_metrics.py",
-)
 def test_every_gateway_series_is_defined_in_gateway_metrics(stack: ComposeStack) -> None:
     """The dashboard test reads metric names from picker/gateway_metrics.py's source
     ("every name is defined in this file"): what the running gateway exposes must
