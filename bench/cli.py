@@ -172,7 +172,12 @@ def rerender(out: Path) -> int:
     if not headline:
         print(f"no <scenario>.json in {out}", file=sys.stderr)
         return 1
-    meta.setdefault("total_wall_s", 0.0)
+    if "total_wall_s" not in meta:  # kept from the report being replaced, if any
+        import re
+
+        old = (out / "REPORT.md").read_text() if (out / "REPORT.md").exists() else ""
+        found = re.search(r"Total wall time (\d+) s", old)
+        meta["total_wall_s"] = float(found.group(1)) if found else 0.0
     (out / "REPORT.md").write_text(render_report(meta, sections, headline,
                                                  full=len(headline) >= len(ALL)))
     print(f"report: {out / 'REPORT.md'} (re-rendered)")
