@@ -44,15 +44,15 @@ class Gate:
 # -- saturation -------------------------------------------------------------------------
 
 
-def test_pod_saturated_by_queue_plus_dispatched_or_kv():
-    pool = make_pool(3)
+def test_pod_saturated_by_engine_queue_or_kv_not_by_requests_in_flight():
+    pool = make_pool(3)  # queueThreshold 4 in make_pool's config
     t = pool.table
-    t.waiting[:3] = [3, 2, 0]
-    t.dispatched[:3] = [1, 1, 0]
+    t.waiting[:3] = [4, 3, 0]
+    t.dispatched[:3] = [0, 30, 0]  # in flight since the scrape: mostly running, not waiting
     t.kv_usage[:3] = [0.0, 0.0, 0.95]
     assert saturated_pods(pool)[:3].tolist() == [True, False, True]
     assert not pool_saturated(pool, NOW)
-    t.dispatched[1] = 2
+    t.waiting[1] = 4
     assert pool_saturated(pool, NOW)
 
 
