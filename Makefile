@@ -34,6 +34,7 @@ test-slow: $(STAMP) system-deps
 test-all: test test-slow
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,peers]'
 	$(BIN)/igw bench --scenario all
 
 clean:
