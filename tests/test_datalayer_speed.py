@@ -147,10 +147,3 @@ def test_prefill_falls_back_to_the_prompt_token_counter() -> None:
     learner.update(table, 1, snap)
     assert table.prefill_tps[1] == pytest.approx(2000.0)
 
-
-def test_prefill_rate_ignores_windows_of_tiny_prompts() -> None:
-    from picker.datalayer.speed import MIN_PREFILL_WINDOW_TOKENS, prefill_rate
-
-    assert prefill_rate(10, 0.03) is None  # fixed per-request cost, not throughput
-    assert prefill_rate(MIN_PREFILL_WINDOW_TOKENS - 1, 0.01) is None
-    assert prefill_rate(2000, 0.1) == 20000

@@ -31,8 +31,6 @@ from picker.datalayer.parser import MetricsSnapshot
 from picker.datastore import SPEED_STALE_S, PodTable
 
 DEFAULT_ALPHA = 0.1  # weight of one observation
-# Prompt tokens a scrape window must hold for its prefill rate to count.
-MIN_PREFILL_WINDOW_TOKENS = 256.0
 
 
 def counter_deltas(current: tuple[float, ...], previous: tuple[float, ...]) -> tuple[float, ...]:
@@ -54,14 +52,8 @@ def window_mean(delta_sum: float, delta_count: float) -> float | None:
 
 
 def prefill_rate(delta_tokens: float, delta_seconds: float) -> float | None:
-    """Prompt tokens per second of prefill, or None if the window holds too little.
-
-    A window of a few short prompts measures the engine's fixed per-request cost,
-    not its prefill throughput (measured: 5-token requests taught ~150 tokens/s
-    for an H100 that prefills ~25k/s, and the pod then got ~1 % of picks and
-    never re-learned). Below `MIN_PREFILL_WINDOW_TOKENS` the window is skipped.
-    """
-    if delta_tokens < MIN_PREFILL_WINDOW_TOKENS or delta_seconds <= 0:
+    """Prompt tokens per second of prefill, or None if the window holds no prefill."""
+    if delta_tokens <= 0 or delta_seconds <= 0:
         return None
     rate = delta_tokens / delta_seconds
     return rate if math.isfinite(rate) else None
