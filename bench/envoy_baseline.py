@@ -14,48 +14,23 @@ from pathlib import Path
 
 import yaml
 
-HCM_TYPE = (
-    "type.googleapis.com/"
-    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-)
-ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-TLS_DOWNSTREAM_TYPE = (
-    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
-)
-HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-TLS12_CIPHERS = (
-    "ECDHE-ECDSA-AES128-GCM-SHA256",
-    "ECDHE-RSA-AES128-GCM-SHA256",
-    "ECDHE-ECDSA-AES256-GCM-SHA384",
-    "ECDHE-RSA-AES256-GCM-SHA384",
-    "ECDHE-ECDSA-CHACHA20-POLY1305",
-    "ECDHE-RSA-CHACHA20-POLY1305",
-)
-LIMIT = 100_000
+from igw_envoy.clusters import CIRCUIT_LIMIT, UPSTREAM_HTTP_OPTIONS
+from igw_envoy.listener import HCM_TYPE, ROUTER_TYPE, downstream_tls_socket
+
 POLICIES = ("ROUND_ROBIN", "LEAST_REQUEST")
 
 
 def _tls(cert: Path, key: Path) -> dict:
-    return {
-        "name": "envoy.transport_sockets.tls",
-        "typed_config": {
-            "@type": TLS_DOWNSTREAM_TYPE,
-            "common_tls_context": {
-                "tls_params": {
-                    "tls_minimum_protocol_version": "TLSv1_2",
-                    "tls_maximum_protocol_version": "TLSv1_3",
-                    "cipher_suites": list(TLS12_CIPHERS),
-                },
-                "alpn_protocols": ["h2", "http/1.1"],
-                "tls_certificates": [
-                    {
-                        "certificate_chain": {"filename": str(cert)},
-                        "private_key": {"filename": str(key)},
-                    }
-                ],
-            },
-        },
-    }
+    return downstream_tls_socket(
+        {
+            "tls_certificates": [
+                {
+                    "certificate_chain": {"filename": str(cert)},
+                    "private_key": {"filename": str(key)},
+                }
+            ]
+        }
+    )
 
 
 def _listener(name: str, port: int, cluster: str, tls: tuple[Path, Path] | None) -> dict:
@@ -85,9 +60,7 @@ def _listener(name: str, port: int, cluster: str, tls: tuple[Path, Path] | None)
         },
     }
     chain: dict = {
-        "filters": [
-            {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
-        ]
+        "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]
     }
     if tls is not None:
         chain["transport_socket"] = _tls(*tls)
@@ -103,8 +76,11 @@ def _cluster(name: str, policy: str, endpoints: list[str]) -> dict:
     for address in endpoints:
         host, _, port = address.rpartition(":")
         lb_endpoints.append(
-            {"endpoint": {"address": {"socket_address": {"address": host,
-                                                         "port_value": int(port)}}}}
+            {
+                "endpoint": {
+                    "address": {"socket_address": {"address": host, "port_value": int(port)}}
+                }
+            }
         )
     return {
         "name": name,
@@ -115,16 +91,16 @@ def _cluster(name: str, policy: str, endpoints: list[str]) -> dict:
             "thresholds": [
                 {
                     "priority": "DEFAULT",
-                    "max_connections": LIMIT,
-                    "max_pending_requests": LIMIT,
-                    "max_requests": LIMIT,
+                    "max_connections": CIRCUIT_LIMIT,
+                    "max_pending_requests": CIRCUIT_LIMIT,
+                    "max_requests": CIRCUIT_LIMIT,
                     "max_retries": 1000,
                 }
             ]
         },
         "typed_extension_protocol_options": {
-            HTTP_OPTIONS: {
-                "@type": f"type.googleapis.com/{HTTP_OPTIONS}",
+            UPSTREAM_HTTP_OPTIONS: {
+                "@type": f"type.googleapis.com/{UPSTREAM_HTTP_OPTIONS}",
                 "common_http_protocol_options": {"idle_timeout": "4s"},
                 "explicit_http_config": {"http_protocol_options": {}},
             }
@@ -148,8 +124,9 @@ def bootstrap(
         listeners.append(_listener(f"listener_{i}", port, cluster, tls))
         clusters.append(_cluster(cluster, policy, endpoints))
     return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
-                                                 "port_value": admin_port}}},
+        "admin": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+        },
         "static_resources": {"listeners": listeners, "clusters": clusters},
     }
 

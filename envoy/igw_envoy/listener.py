@@ -109,6 +109,12 @@ def listener(config: GatewayConfig, inputs: ListenerInputs) -> dict:
 
 def downstream_tls(sds_dir: Path) -> dict:
     """TLS 1.2+ with modern suites, ALPN h2 and http/1.1, certificate from watched SDS."""
+    return downstream_tls_socket({"tls_certificate_sds_secret_configs": [sds_config(sds_dir)]})
+
+
+def downstream_tls_socket(certificates: dict) -> dict:
+    """The listener's TLS policy with the given certificate source (SDS or files);
+    the benchmark's plain-Envoy baseline uses it too, so both terminate TLS alike."""
     return {
         "name": "envoy.transport_sockets.tls",
         "typed_config": {
@@ -120,7 +126,7 @@ def downstream_tls(sds_dir: Path) -> dict:
                     "cipher_suites": list(TLS12_CIPHERS),
                 },
                 "alpn_protocols": ["h2", "http/1.1"],
-                "tls_certificate_sds_secret_configs": [sds_config(sds_dir)],
+                **certificates,
             },
         },
     }
