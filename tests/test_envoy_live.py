@@ -15,7 +15,6 @@ Every Envoy and server is started on free loopback ports and stopped by PID
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import socket
@@ -33,9 +32,7 @@ import httpx
 import pytest
 from aiohttp import web
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -51,6 +48,7 @@ from igw_envoy import (
 )
 from igw_envoy.tls import generated_files, issue_server_cert, load_ca
 from picker.config import parse_config
+from tests.jwt_keys import es256_token, jwks
 
 try:
     import h2  # noqa: F401  (httpx needs it for HTTP/2)
@@ -692,35 +690,6 @@ def test_picker_down_fail_open_two_pools_ignores_a_client_pool_header(
 # --- JWT --------------------------------------------------------------------
 
 
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _es256_token(key: ec.EllipticCurvePrivateKey, claims: dict) -> str:
-    header = {"alg": "ES256", "typ": "JWT", "kid": "k1"}
-    signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
-    r, s = decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
-    signature = r.to_bytes(32, "big") + s.to_bytes(32, "big")
-    return f"{signing_input}.{_b64url(signature)}"
-
-
-def _jwks(key: ec.EllipticCurvePrivateKey) -> dict:
-    numbers = key.public_key().public_numbers()
-    return {
-        "keys": [
-            {
-                "kty": "EC",
-                "crv": "P-256",
-                "kid": "k1",
-                "alg": "ES256",
-                "use": "sig",
-                "x": _b64url(numbers.x.to_bytes(32, "big")),
-                "y": _b64url(numbers.y.to_bytes(32, "big")),
-            }
-        ]
-    }
-
-
 @pytest.mark.parametrize("jwks_source", ["file", "uri"])
 def test_jwt_guards_everything_but_healthz(
     fleet: Fleet, tmp_path_factory: pytest.TempPathFactory, jwks_source: str
@@ -730,11 +699,11 @@ def test_jwt_guards_everything_but_healthz(
     jwt: dict = {"issuer": "https://issuer.test", "audiences": ["igw"]}
     if jwks_source == "file":
         jwks_file = tmp / "jwks.json"
-        jwks_file.write_text(json.dumps(_jwks(key)))
+        jwks_file.write_text(json.dumps(jwks(key)))
         jwt["jwksFile"] = str(jwks_file)
     else:  # remote_jwks through the rendered `jwks` cluster (plain http on loopback)
         port = free_port()
-        fleet.servers.serve_json(port, _jwks(key))
+        fleet.servers.serve_json(port, jwks(key))
         jwt["jwksUri"] = f"http://127.0.0.1:{port}/.well-known/jwks.json"
     auth = {"jwt": jwt}
     document = gateway_config(
@@ -742,9 +711,9 @@ def test_jwt_guards_everything_but_healthz(
     )
     now = int(time.time())
     claims = {"iss": "https://issuer.test", "aud": "igw", "sub": "u", "exp": now + 600}
-    good = _es256_token(key, claims)
-    wrong_audience = _es256_token(key, {**claims, "aud": "other"})
-    other_key = _es256_token(ec.generate_private_key(ec.SECP256R1()), claims)
+    good = es256_token(key, claims)
+    wrong_audience = es256_token(key, {**claims, "aud": "other"})
+    other_key = es256_token(ec.generate_private_key(ec.SECP256R1()), claims)
     body = chat({"pool": "a", "dest": fleet["A"]})
     with running_gateway(tmp, document) as gw, gw.client() as client:
         before = fleet.servers.picker.streams

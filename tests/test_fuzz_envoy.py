@@ -15,7 +15,6 @@ away from the picker.
 
 from __future__ import annotations
 
-import base64
 import gzip
 import ipaddress
 import json
@@ -29,13 +28,12 @@ import httpx
 import orjson
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from igw_envoy.tls import ensure_self_signed, generated_files, issue_server_cert, load_ca
+from tests.jwt_keys import b64url, es256_token, jwks
 from tests.procs import gateway, gateway_config, sim_fleet
 from tests.test_reliability_support import (
     children,
@@ -606,49 +604,21 @@ def test_user_certificate_files_reload_without_restart(tmp_path):
 # --- JWT -------------------------------------------------------------------------------------
 
 
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _token(key: ec.EllipticCurvePrivateKey, claims: dict, kid: str = "k1") -> str:
-    header = {"alg": "ES256", "typ": "JWT", "kid": kid}
-    signing = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
-    r, s = decode_dss_signature(key.sign(signing.encode(), ec.ECDSA(hashes.SHA256())))
-    return f"{signing}.{_b64url(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
-
-
-def _jwks(key: ec.EllipticCurvePrivateKey) -> dict:
-    numbers = key.public_key().public_numbers()
-    return {
-        "keys": [
-            {
-                "kty": "EC",
-                "crv": "P-256",
-                "kid": "k1",
-                "alg": "ES256",
-                "use": "sig",
-                "x": _b64url(numbers.x.to_bytes(32, "big")),
-                "y": _b64url(numbers.y.to_bytes(32, "big")),
-            }
-        ]
-    }
-
-
 def test_jwt_rejects_before_the_picker(tmp_path: Path):
     key = ec.generate_private_key(ec.SECP256R1())
-    jwks = tmp_path / "jwks.json"
-    jwks.write_text(json.dumps(_jwks(key)))
+    jwks_file = tmp_path / "jwks.json"
+    jwks_file.write_text(json.dumps(jwks(key)))
     now = int(time.time())
     claims = {"iss": "https://issuer.test", "aud": "igw", "sub": "u", "exp": now + 600}
     bad_tokens = {
         "none": None,
         "garbage": "not-a-jwt",
-        "other key": _token(ec.generate_private_key(ec.SECP256R1()), claims),
-        "expired": _token(key, {**claims, "exp": now - 3600}),
-        "wrong issuer": _token(key, {**claims, "iss": "https://evil.test"}),
-        "alg none": _b64url(b'{"alg":"none","typ":"JWT"}')
+        "other key": es256_token(ec.generate_private_key(ec.SECP256R1()), claims),
+        "expired": es256_token(key, {**claims, "exp": now - 3600}),
+        "wrong issuer": es256_token(key, {**claims, "iss": "https://evil.test"}),
+        "alg none": b64url(b'{"alg":"none","typ":"JWT"}')
         + "."
-        + _b64url(json.dumps(claims).encode())
+        + b64url(json.dumps(claims).encode())
         + ".",
     }
     with sim_fleet(tmp_path, PODS[:1], time_scale=20.0) as fleet:
@@ -658,7 +628,7 @@ def test_jwt_rejects_before_the_picker(tmp_path: Path):
                 "jwt": {
                     "issuer": "https://issuer.test",
                     "audiences": ["igw"],
-                    "jwksFile": str(jwks),
+                    "jwksFile": str(jwks_file),
                 }
             },
         )
@@ -676,12 +646,12 @@ def test_jwt_rejects_before_the_picker(tmp_path: Path):
             r = c.post(
                 "/v1/chat/completions",
                 json=chat(),
-                headers={"authorization": f"Bearer {_token(key, {**claims, 'aud': 'other'})}"},
+                headers={"authorization": f"Bearer {es256_token(key, {**claims, 'aud': 'other'})}"},
             )
             assert_client_error(r, 403)
             assert (envoy_stat(admin, "cluster.picker.upstream_rq_total") or 0) == before
             assert c.get("/healthz").status_code == 200
-            good = {"authorization": f"Bearer {_token(key, claims)}"}
+            good = {"authorization": f"Bearer {es256_token(key, claims)}"}
             r = c.post("/v1/chat/completions", json=chat(), headers=good)
             assert r.status_code == 200, r.text
             assert (envoy_stat(admin, "cluster.picker.upstream_rq_total") or 0) > before
