@@ -308,5 +308,7 @@ async def up(state_dir: Path, port: int) -> int:
         await wait_ready(config)
         announce(config, state_dir, sample=True)
         print(f"# fleet: {fleet_path}  config: {config_path}", flush=True)
+        # `igw up` picks free ports, so the admin commands' default address is not it.
+        print(f"# admin: igw status --admin 127.0.0.1:{config.admin_port}", flush=True)
 
     return await run_until_signalled(supervisor, ready)
