@@ -1,7 +1,7 @@
 """Header names shared by the picker and the rendered Envoy config.
 
-The routing headers are set only by the picker; Envoy strips any copy a
-client sends before the picker runs, so a client can never choose a host.
+The routing headers are set only from the picker's answer; Envoy strips any
+copy a client sends before the picker runs, so a client can never choose a host.
 """
 
 DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
@@ -15,5 +15,19 @@ ROUTING_HEADERS = (DESTINATION_ENDPOINT, MODEL_NAME, BASE_MODEL_NAME, POOL)
 PRIORITY = "x-gateway-priority"
 CRITICALITY = "x-gateway-criticality"
 
-# Dynamic metadata namespace Envoy's override_host policy can also read.
+# Dynamic metadata namespace the picker answers in (keys: the routing header names);
+# Envoy's routes and override_host policy read it.
 LB_METADATA_NAMESPACE = "envoy.lb"
+
+# What the picker reads from the request headers, as Envoy attribute expressions
+# (ext_proc `request_attributes`), each with the picker's field it fills. When a
+# route skips the headers message, these arrive with the body message instead,
+# keyed by the expression; an absent header is an absent key.
+REQUEST_ATTRIBUTES = {
+    "request.url_path": "path",  # the path without its query string
+    "request.id": "request_id",  # x-request-id
+    "request.headers['content-type']": "content_type",
+    "request.headers['content-encoding']": "content_encoding",
+    f"request.headers['{PRIORITY}']": "priority",
+    f"request.headers['{CRITICALITY}']": "criticality",
+}

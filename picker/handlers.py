@@ -1,11 +1,16 @@
-"""The ext_proc stream state machine: headers → body → (wait for the end).
+"""The ext_proc stream state machine: [headers →] body → (wait for the end).
 
-One gRPC stream per HTTP request. Envoy sends the request headers, then the
-buffered body; the picker answers the body with the routing header mutation.
-The stream stays open until Envoy finishes the HTTP request, so the stream's
-end is the request's end: that is where in-flight accounting is closed, at no
-extra message cost. Everything a client can get wrong becomes an ApiError in
-the director and is turned into an ImmediateResponse here, in one place.
+One gRPC stream per HTTP request. The common request (POST to an inference
+path with a content-length within the limit, igw_envoy.listener's
+`one_message_route`) costs one message: Envoy skips the headers and sends the
+buffered body with the header values the picker reads as attributes. Any
+other request starts with a headers message, which the picker may answer on
+its own (model list, 404, 405, 400, 413) before the body is read. The body is
+answered with the routing decision. The stream stays open until Envoy
+finishes the HTTP request, so the stream's end is the request's end: that is
+where in-flight accounting is closed, at no extra message cost. Everything a
+client can get wrong becomes an ApiError in the director and is turned into
+an ImmediateResponse here, in one place.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ CONTINUE_RESPONSE_HEADERS = ext_proc.ProcessingResponse(
     response_headers=ext_proc.HeadersResponse()
 ).SerializeToString()
 _MODELS_PATHS = frozenset({"/v1/models", "/models"})
+# Envoy's key for the attributes in ProcessingRequest, whatever the filter is named.
+_ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
 
 
 class MethodNotAllowed(ApiError):
@@ -85,6 +92,16 @@ def _read_headers(header_map: base_pb2.HeaderMap) -> _Headers:
     return out
 
 
+def _read_attributes(request: ext_proc.ProcessingRequest) -> _Headers:
+    """`_read_headers` for a stream that starts with the body: the same values, from
+    the attributes Envoy sent with it (bbr.headers.REQUEST_ATTRIBUTES). The route
+    that skips the headers message admits POST only."""
+    out = _Headers(method="POST")
+    for key, value in request.attributes[_ATTRIBUTES_KEY].fields.items():
+        setattr(out, hdr.REQUEST_ATTRIBUTES[key], value.string_value)
+    return out
+
+
 def immediate(status: int, body: bytes, headers: list[tuple[str, str]]) -> bytes:
     """An ImmediateResponse, serialized: Envoy answers the client with it directly."""
     mutation = ext_proc.HeaderMutation(
@@ -121,28 +138,33 @@ def _field(number: int, payload: bytes) -> bytes:
 
 
 @functools.lru_cache(maxsize=4096)
-def _set_header(key: str, value: str) -> bytes:
-    """One `HeaderMutation.set_headers` entry, serialized once per (key, value)."""
-    option = base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
-    )
-    return _field(1, option.SerializeToString())
+def _metadata_entry(key: str, value: str) -> bytes:
+    """One `Struct.fields` entry `key: "value"`, serialized once per (key, value):
+    map entry(1) → {key(1), Value(2) → string_value(3)}."""
+    return _field(1, _field(1, key.encode()) + _field(2, _field(3, value.encode())))
 
 
-_CLEAR_ROUTE_CACHE = _varint(5 << 3) + b"\x01"  # CommonResponse.clear_route_cache = true
+# ProcessingResponse.request_body(3) → BodyResponse.response(1) → CommonResponse
+# {header_mutation(2): empty, clear_route_cache(5): true}.
+_ROUTE_BODY = _field(3, _field(1, _field(2, b"") + _varint(5 << 3) + b"\x01"))
+_LB_NAMESPACE = _field(1, hdr.LB_METADATA_NAMESPACE.encode())
 
 
 def route_response(decision: Decision) -> bytes:
-    """Body answer carrying the routing headers; the route cache is cleared so
-    Envoy re-matches on x-gateway-pool and sends to the picked pod.
+    """Body answer: the routing values (header name → value) as `envoy.lb` dynamic
+    metadata, and the route cache cleared so Envoy re-matches on them.
 
-    Assembled from cached wire fragments instead of building four protobuf
-    messages per request: ProcessingResponse.request_body(3) → BodyResponse.
-    response(1) → CommonResponse{header_mutation(2), clear_route_cache(5)}.
-    A test checks it parses to the same message protobuf would build.
+    Metadata, not a header mutation: when the route skipped the headers message
+    Envoy drops header mutations in the body answer; the pool routes match the
+    metadata and copy it into the `x-gateway-*` headers (igw_envoy.listener).
+    The empty header mutation is there because Envoy clears the route cache
+    only for an answer that has one. Assembled from cached wire fragments
+    instead of building protobuf messages per request:
+    ProcessingResponse.dynamic_metadata(8) → Struct{"envoy.lb": Value.struct_value(5)}.
+    A test checks it parses to the message protobuf would build.
     """
-    mutation = b"".join([_set_header(k, v) for k, v in decision.headers])
-    return _field(3, _field(1, _field(2, mutation) + _CLEAR_ROUTE_CACHE))
+    fields = b"".join([_metadata_entry(k, v) for k, v in decision.headers])
+    return _ROUTE_BODY + _field(8, _field(1, _LB_NAMESPACE + _field(2, _field(5, fields))))
 
 
 def extend_timeout(seconds: float) -> bytes:
@@ -174,8 +196,8 @@ class ExtProcHandler:
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
                     return
-            else:
-                info = _Headers()
+            else:  # one-message route: the body came first, with the attributes
+                info = _read_attributes(msg)
             if not msg.HasField("request_body"):
                 return
             decision, answer = await self._on_body(msg.request_body.body, info, context)

@@ -1,11 +1,12 @@
 """The rendered bootstrap under real traffic: a real Envoy 1.40, a stand-in picker, echo pods.
 
 The stand-in picker (grpc.aio, xds-protos stubs) does what the real one
-does on the wire: answers the headers message, then on the buffered body
-sets `x-gateway-pool` and `x-gateway-destination-endpoint` with
-OVERWRITE_IF_EXISTS_OR_ADD and clears the route cache, or sends an
-immediate response. What it does is driven by the request body (a `test`
-object), so each test states its own picker decision. Upstream "pods" are
+does on the wire: answers the headers message (when the route sends one),
+then on the buffered body puts `x-gateway-pool` and
+`x-gateway-destination-endpoint` into `envoy.lb` dynamic metadata and clears
+the route cache, or sends an immediate response. What it does is driven by
+the request body (a `test` object), so each test states its own picker
+decision. Upstream "pods" are
 aiohttp servers that say who served the request.
 
 Every Envoy and server is started on free loopback ports and stopped by PID
@@ -37,6 +38,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
+from google.protobuf import json_format, struct_pb2
 
 from bbr import headers as hdr
 from igw_envoy import (
@@ -111,27 +113,38 @@ def decide(test: dict) -> pb.ProcessingResponse:
                 details=immediate.get("details", ""),
             )
         )
-    sets = []
+    values = {}
     if test.get("pool"):
-        sets.append(_set_header(hdr.POOL, test["pool"]))
-        sets.append(_set_header(hdr.MODEL_NAME, test.get("model", test["pool"])))
+        values[hdr.POOL] = test["pool"]
+        values[hdr.MODEL_NAME] = test.get("model", test["pool"])
     if test.get("dest"):
-        sets.append(_set_header(hdr.DESTINATION_ENDPOINT, test["dest"]))
-    common = pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(set_headers=sets), clear_route_cache=bool(sets)
+        values[hdr.DESTINATION_ENDPOINT] = test["dest"]
+    if not values:
+        return pb.ProcessingResponse(request_body=pb.BodyResponse())
+    metadata = struct_pb2.Struct()
+    metadata.update({hdr.LB_METADATA_NAMESPACE: values})
+    # The (empty) header mutation makes Envoy honour clear_route_cache.
+    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(), clear_route_cache=True)
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
     )
-    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
 
 
 class StandInPicker(pb_grpc.ExternalProcessorServicer):
-    """Headers → continue; body → `decide`. Counts streams so tests can see it was asked."""
+    """Headers → continue; body → `decide`. Counts streams so tests can see it was asked,
+    and keeps each stream's first message (the one-message route starts with the body)."""
 
     def __init__(self) -> None:
         self.streams = 0
+        self.first: list[pb.ProcessingRequest] = []
 
     async def Process(self, request_iterator, context):
         self.streams += 1
+        first = True
         async for request in request_iterator:
+            if first:
+                self.first.append(request)
+                first = False
             kind = request.WhichOneof("request")
             if kind == "request_headers":
                 if request.request_headers.end_of_stream:
@@ -403,6 +416,48 @@ def test_request_reaches_the_picked_pod(gateway: Gateway, fleet: Fleet, http2: b
             assert resp.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
         resp = client.post("/v1/chat/completions", json=chat({"pool": "b", "dest": fleet["C"]}))
         assert resp.headers["x-served-by"] == "C"
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["h1", "h2"])
+def test_common_request_is_one_message_carrying_the_header_values(
+    gateway: Gateway, fleet: Fleet, http2: bool
+) -> None:
+    """POST + inference path + content-length: the picker's stream starts with the body,
+    which carries what the picker reads from the headers as attributes."""
+    if http2 and not HAVE_H2:
+        pytest.skip("h2 package not installed (httpx[http2])")
+    picker = fleet.servers.picker
+    before = len(picker.first)
+    with gateway.client(http2=http2) as client:
+        resp = client.post(
+            "/v1/chat/completions?api-version=1",
+            json=chat({"pool": "b", "dest": fleet["C"]}),
+            headers={hdr.PRIORITY: "3"},
+        )
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-served-by"] == "C"
+    assert resp.json()["destination_header"] == fleet["C"]  # copied from the metadata
+    (first,) = picker.first[before:]
+    assert first.WhichOneof("request") == "request_body"
+    attributes = json_format.MessageToDict(first.attributes["envoy.filters.http.ext_proc"])
+    assert attributes == {
+        "request.url_path": "/v1/chat/completions",
+        "request.id": resp.headers["x-request-id"],
+        "request.headers['content-type']": "application/json",
+        f"request.headers['{hdr.PRIORITY}']": "3",
+    }
+
+
+def test_chunked_body_takes_the_two_message_path(gateway: Gateway, fleet: Fleet) -> None:
+    picker = fleet.servers.picker
+    before = len(picker.first)
+    body = json.dumps(chat({"pool": "a", "dest": fleet["B"]})).encode()
+    with gateway.client() as client:
+        resp = client.post("/v1/chat/completions", content=iter([body]))  # no content-length
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-served-by"] == "B"
+    (first,) = picker.first[before:]
+    assert first.WhichOneof("request") == "request_headers"
 
 
 def test_client_destination_header_never_wins(gateway: Gateway, fleet: Fleet) -> None:

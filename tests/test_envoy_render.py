@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import yaml
 from cryptography import x509
 
 from bbr import headers as hdr
+from bbr.request import API_PATHS
 from igw_envoy import (
     EndpointError,
     EnvoyConfigError,
@@ -35,6 +37,7 @@ from igw_envoy import (
     write_endpoints,
 )
 from igw_envoy.eds import eds_path
+from igw_envoy.listener import PROCESSING_MODE, decimal_at_most
 from picker.config import GatewayConfig, parse_config
 from picker.datastore import Pool
 
@@ -171,16 +174,18 @@ def _routes(bootstrap: dict) -> list[dict]:
     return _hcm(bootstrap)["route_config"]["virtual_hosts"][0]["routes"]
 
 
-def test_filter_order_strip_jwt_ext_proc_router(tmp_path: Path) -> None:
+def test_filter_order_strip_jwt_ext_proc_hold_router(tmp_path: Path) -> None:
     doc = document(auth={"jwt": {"issuer": "i", "jwksFile": _jwks_file(tmp_path)}})
     _, bootstrap = _render(tmp_path, doc)
-    names = [f["name"] for f in _hcm(bootstrap)["http_filters"]]
-    assert names == [
+    filters = _hcm(bootstrap)["http_filters"]
+    assert [f["name"] for f in filters] == [
         "envoy.filters.http.header_mutation",
         "envoy.filters.http.jwt_authn",
         "envoy.filters.http.ext_proc",
+        "envoy.filters.http.buffer",
         "envoy.filters.http.router",
     ]
+    assert filters[3]["disabled"] is True  # only the one-message routes turn it on
     _, plain = _render(tmp_path, document())
     assert "envoy.filters.http.jwt_authn" not in [f["name"] for f in _hcm(plain)["http_filters"]]
 
@@ -208,6 +213,8 @@ def test_ext_proc_settings(tmp_path: Path, mode: str) -> None:
         "request_trailer_mode": "SKIP",
         "response_trailer_mode": "SKIP",
     }
+    assert ext_proc["request_attributes"] == list(hdr.REQUEST_ATTRIBUTES)
+    assert ext_proc["metadata_options"]["receiving_namespaces"] == {"untyped": ["envoy.lb"]}
     assert (ext_proc["message_timeout"], ext_proc["max_message_timeout"]) == ("2s", "60s")
     assert ext_proc["allow_mode_override"] is False
     assert ext_proc["grpc_service"]["envoy_grpc"]["cluster_name"] == "picker"
@@ -232,16 +239,63 @@ def test_routes_two_pools(tmp_path: Path) -> None:
     assert routes[0]["match"]["path"] == "/healthz"
     assert routes[0]["direct_response"]["status"] == 200
     for route, sched in zip(routes[1:3], config.schedulers, strict=True):
-        assert route["match"]["headers"] == [
-            {"name": hdr.POOL, "string_match": {"exact": sched.name}}
+        assert route["match"]["dynamic_metadata"] == [
+            {
+                "filter": "envoy.lb",
+                "path": [{"key": hdr.POOL}],
+                "value": {"string_match": {"exact": sched.name}},
+            }
         ]
+        assert "headers" not in route["match"]  # a client header can never pick the pool
+        copies = {h["header"]["key"]: h["header"]["value"] for h in route["request_headers_to_add"]}
+        assert copies[hdr.POOL] == f"%DYNAMIC_METADATA(envoy.lb:{hdr.POOL})%"
+        assert set(copies) == set(hdr.ROUTING_HEADERS)
         assert route["route"]["cluster"] == Pool(sched).cluster_name
         assert route["route"]["retry_policy"]["num_retries"] == 3
         assert route["route"]["retry_policy"]["retry_on"] == (
             "connect-failure,reset,refused-stream,gateway-error"
         )
     assert routes[1]["route"]["timeout"] == "120s"
-    assert routes[3]["direct_response"]["status"] == 503  # no pool chosen: no safe guess
+    assert [r["name"] for r in routes[3:-1]] == [
+        f"one_message{path.replace('/', '_')}" for path in API_PATHS
+    ]
+    assert routes[-1]["direct_response"]["status"] == 503  # no pool chosen: no safe guess
+
+
+@pytest.mark.parametrize("schedulers", [None, TWO_POOLS], ids=["one_pool", "two_pools"])
+def test_one_message_routes(tmp_path: Path, schedulers: list | None) -> None:
+    """POST + inference path + content-length 1..limit: headers message skipped, the hold
+    filter on, and the fallback's action (what happens when the picker names no pool)."""
+    doc = document(bbr={"enabled": True, "maxRequestBodyBytes": 4096})
+    if schedulers:
+        doc["spec"]["schedulers"] = schedulers
+    _, bootstrap = _render(tmp_path, doc)
+    routes = _routes(bootstrap)
+    fallback = {k: v for k, v in routes[-1].items() if k not in ("name", "match")}
+    fast = [r for r in routes if r["name"].startswith("one_message")]
+    assert [r["match"]["path"] for r in fast] == list(API_PATHS)
+    for route in fast:
+        method, length = route["match"]["headers"]
+        assert method == {"name": ":method", "string_match": {"exact": "POST"}}
+        assert length["name"] == "content-length"
+        assert length["string_match"]["safe_regex"]["regex"] == decimal_at_most(4096)
+        per_filter = route.pop("typed_per_filter_config")
+        assert {k: v for k, v in route.items() if k not in ("name", "match")} == fallback
+        mode = per_filter["envoy.filters.http.ext_proc"]["overrides"]["processing_mode"]
+        assert mode == {**PROCESSING_MODE, "request_header_mode": "SKIP"}
+        assert per_filter["envoy.filters.http.buffer"]["buffer"] == {"max_request_bytes": 4096}
+
+
+@pytest.mark.parametrize("limit", [1, 9, 10, 11, 99, 100, 1000, 4096, 8388608, 268435456, 1203])
+def test_decimal_at_most_matches_exactly_one_to_limit(limit: int) -> None:
+    pattern = re.compile(decimal_at_most(limit))
+    near = {1, limit - 1, limit, limit + 1, limit * 10, 10 ** len(str(limit)) - 1}
+    near |= {int(str(limit)[:i] + "9" * (len(str(limit)) - i)) for i in range(len(str(limit)))}
+    near |= set(range(3000))
+    for n in near:
+        assert (pattern.fullmatch(str(n)) is not None) == (1 <= n <= limit), n
+    for bad in ("0", "01", "-1", "+1", "1.0", " 1", "", "1e3"):
+        assert pattern.fullmatch(bad) is None, bad
 
 
 def test_one_pool_fallback_route_goes_to_the_pool(tmp_path: Path) -> None:
@@ -262,9 +316,9 @@ def test_pool_cluster_uses_override_host_over_eds(tmp_path: Path) -> None:
     assert source["watched_directory"]["path"] == str(tmp_path.resolve() / "eds")
     policy = pool["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     assert policy["name"] == "envoy.load_balancing_policies.override_host"
-    assert policy["typed_config"]["override_host_sources"][0] == {
-        "header": hdr.DESTINATION_ENDPOINT
-    }
+    assert policy["typed_config"]["override_host_sources"] == [
+        {"metadata": {"key": "envoy.lb", "path": [{"key": hdr.DESTINATION_ENDPOINT}]}}
+    ]  # the picker's metadata only: no request header can choose the host
     fallback = policy["typed_config"]["fallback_policy"]["policies"][0]["typed_extension_config"]
     assert fallback["name"] == "envoy.load_balancing_policies.least_request"
     picker = clusters["picker"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]

@@ -17,6 +17,7 @@ import pytest
 
 from igw.admin_client import list_pools
 from tests.procs import free_port, gateway, gateway_config, sim_fleet
+from tests.test_reliability_support import envoy_stat
 
 LLAMA = "llama-3.1-8b"
 QWEN = "qwen3-32b"
@@ -132,6 +133,49 @@ def test_chat_and_completions_with_openai_client(client):
     assert done.usage.completion_tokens == 4
     streamed = list(client.completions.create(model=QWEN, prompt="x", max_tokens=3, stream=True))
     assert sum(1 for c in streamed if c.choices and c.choices[0].text) == 3
+
+
+def _ext_proc_counts(gw) -> tuple[float, float]:
+    """(streams, messages) Envoy's ext_proc filter has sent to the picker so far."""
+    port = gw.ports["envoyAdmin"]
+    prefix = "http.ingress_https.ext_proc."
+    return (
+        envoy_stat(port, prefix + "streams_started") or 0.0,
+        envoy_stat(port, prefix + "stream_msgs_sent") or 0.0,
+    )
+
+
+def test_openai_requests_cost_one_ext_proc_message(stack, client):
+    """The common request takes the one-message route: Envoy skips the headers
+    message and the picker routes from the body and its attributes alone."""
+    _, gw = stack
+    streams, messages = _ext_proc_counts(gw)
+    for i in range(3):
+        client.chat.completions.create(
+            model=LLAMA, messages=[{"role": "user", "content": f"one {i}"}], max_tokens=2
+        )
+    client.completions.create(model=QWEN, prompt="one message", max_tokens=2)
+    after_streams, after_messages = _ext_proc_counts(gw)
+    assert after_streams - streams == 4
+    assert after_messages - messages == 4
+
+
+def test_empty_and_chunked_bodies_take_the_two_message_path(stack, http):
+    fleet, gw = stack
+    streams, messages = _ext_proc_counts(gw)
+    r = http.post("/v1/chat/completions", content=b"", headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert "body required" in r.json()["error"]["message"]
+    body = orjson.dumps(chat(LLAMA))
+    r = http.post(  # a generator body: chunked, no content-length
+        "/v1/chat/completions", content=iter([body]), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 200, r.text
+    assert "content-length" not in r.request.headers
+    assert served_by(fleet, r).startswith("llama-")
+    after_streams, after_messages = _ext_proc_counts(gw)
+    assert (after_streams - streams, after_messages - messages) == (2, 3)  # headers; headers+body
 
 
 def test_models_listed_by_the_gateway(client):

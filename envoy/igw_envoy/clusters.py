@@ -1,11 +1,11 @@
 """Upstream clusters: one per pool (members from a watched EDS file) and the picker.
 
-A pool cluster can only ever reach its own members: the picker's
-`x-gateway-destination-endpoint` (`ip:port[,ip:port...]`) is honoured by the
-`override_host` load-balancing policy only for hosts in the cluster, and
-anything else falls back to least-request over the same members (DESIGN §8).
-That is why a client who smuggled the header past the strip filters still
-could not make Envoy connect to an arbitrary address.
+A pool cluster can only ever reach its own members: the picker's destination
+(`ip:port[,ip:port...]`, the `x-gateway-destination-endpoint` key of its
+`envoy.lb` dynamic metadata) is honoured by the `override_host` load-balancing
+policy only for hosts in the cluster, and anything else falls back to
+least-request over the same members (DESIGN §8). The policy reads no request
+header, so nothing a client sends can choose the host.
 """
 
 from __future__ import annotations
@@ -49,9 +49,8 @@ def _thresholds(max_retries: int) -> dict:
 
 
 def _lb_policy() -> dict:
-    """override_host from the picker's header (or `envoy.lb` metadata), else least-request."""
+    """override_host from the picker's `envoy.lb` metadata, else least-request."""
     sources = [
-        {"header": headers.DESTINATION_ENDPOINT},
         {
             "metadata": {
                 "key": headers.LB_METADATA_NAMESPACE,
@@ -99,8 +98,8 @@ def _http1_options() -> dict:
 def _outlier_detection() -> dict:
     """Passive ejection of a pod that keeps failing; never more than half a pool.
 
-    `override_host` ignores ejections (measured on 1.40: an ejected pod named in
-    the picker's header still got every request), so the picker reads them from
+    `override_host` ignores ejections (measured on 1.40: an ejected pod the picker
+    named still got every request), so the picker reads them from
     the admin port and stops picking the pod (picker.envoy_admin). Three
     consecutive 5xx or gateway failures eject a pod for 5 s × the number of its
     ejections (at most 60 s); the 1 s interval is how precisely it comes back.

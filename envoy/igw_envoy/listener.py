@@ -4,6 +4,12 @@ Filter order is the security argument: client copies of the routing headers
 are removed first, then JWT (when configured) rejects unauthenticated
 requests, then ext_proc asks the picker, then the router connects to the
 pool member the picker named.
+
+The picker answers in `envoy.lb` dynamic metadata, never in request headers
+(see `ext_proc_filter`): pool routes match on it, `override_host` reads the
+destination from it, and each pool route copies it into the `x-gateway-*`
+request headers for the pod and the access log. A client cannot set dynamic
+metadata at all.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bbr import headers
+from bbr.request import API_PATHS
 from igw_envoy import replies
 from igw_envoy.clusters import PICKER_CLUSTER
 from igw_envoy.eds import cluster_name
@@ -41,7 +48,10 @@ TLS_DOWNSTREAM_TYPE = (
 PREVIOUS_HOSTS_TYPE = (
     "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 )
+BUFFER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
+BUFFER_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
 EXT_PROC = "envoy.filters.http.ext_proc"
+BUFFER = "envoy.filters.http.buffer"
 
 # TLS 1.2 suites: forward secrecy (ECDHE) and AEAD only. TLS 1.3 suites are
 # fixed by BoringSSL and all qualify.
@@ -212,8 +222,35 @@ def strip_filter() -> dict:
     }
 
 
+# Request headers, then the buffered body; no response phases (a `one_message_route`
+# skips the headers).
+PROCESSING_MODE = {
+    "request_header_mode": "SEND",
+    "response_header_mode": "SKIP",
+    "request_body_mode": "BUFFERED",
+    "response_body_mode": "NONE",
+    "request_trailer_mode": "SKIP",
+    "response_trailer_mode": "SKIP",
+}
+
+
 def ext_proc_filter(config: GatewayConfig) -> dict:
-    """The picker call: headers then the buffered body; no response phases."""
+    """The picker call: headers then the buffered body (one-message routes: body only).
+
+    What the picker reads from the headers is also requested as attributes
+    (`headers.REQUEST_ATTRIBUTES`): on a `one_message_route` Envoy sends no
+    headers message, and ext_proc puts the attributes into the first message it
+    sends, the body. Measured on 1.40: filter-level `request_attributes` arrive
+    with the body message; the per-route `overrides.request_attributes` are
+    ignored. They beat `header_to_metadata` + `forwarding_namespaces` (another
+    filter, and a Struct per request either way). On the two-message path the
+    attributes ride along the headers message, unused.
+
+    The answer is dynamic metadata, not a header mutation: with the headers
+    phase skipped Envoy drops header mutations in the body answer ("headers
+    aren't available", measured). It clears the route cache only if the answer
+    carries a header mutation, so the picker sends an empty one.
+    """
     return {
         "name": EXT_PROC,
         "typed_config": {
@@ -222,26 +259,38 @@ def ext_proc_filter(config: GatewayConfig) -> dict:
             "failure_mode_allow": config.failure_mode == "open",
             # A dead picker with fail-closed: a fast, retryable 503 (not 500).
             "status_on_error": {"code": "ServiceUnavailable"},
-            "processing_mode": {
-                "request_header_mode": "SEND",
-                "response_header_mode": "SKIP",
-                "request_body_mode": "BUFFERED",
-                "response_body_mode": "NONE",
-                "request_trailer_mode": "SKIP",
-                "response_trailer_mode": "SKIP",
-            },
+            "processing_mode": PROCESSING_MODE,
+            "request_attributes": list(headers.REQUEST_ATTRIBUTES),
             "message_timeout": MESSAGE_TIMEOUT,
             # The picker may hold a request in its admission queue and extend
             # the deadline with override_message_timeout, up to this.
             "max_message_timeout": MAX_MESSAGE_TIMEOUT,
             "allow_mode_override": False,
-            # x-gateway-* headers are not "routing" headers in Envoy's sense
-            # (host, :authority, :scheme, :method), so the picker may set them
-            # with the default rules; it may not touch those or x-envoy-*.
+            # The picker answers in metadata; it may never touch Envoy's routing
+            # headers (host, :authority, :scheme, :method) nor x-envoy-*.
             "mutation_rules": {"allow_all_routing": False, "allow_envoy": False},
             "metadata_options": {
                 "receiving_namespaces": {"untyped": [headers.LB_METADATA_NAMESPACE]}
             },
+        },
+    }
+
+
+def hold_filter(config: GatewayConfig) -> dict:
+    """A buffer filter after ext_proc, off unless a route turns it on.
+
+    With the headers phase skipped, ext_proc lets the headers through at once
+    and the router would pick the route and the host before the picker saw the
+    body (measured: every request got the fallback route). On a
+    `one_message_route` this filter holds the headers until the whole body has
+    passed ext_proc, so the router matches after the picker's answer.
+    """
+    return {
+        "name": BUFFER,
+        "disabled": True,
+        "typed_config": {
+            "@type": BUFFER_TYPE,
+            "max_request_bytes": config.bbr.max_request_body_bytes,
         },
     }
 
@@ -254,7 +303,7 @@ def http_filters(config: GatewayConfig, inputs: ListenerInputs) -> list[dict]:
     filters = [strip_filter()]
     if config.jwt is not None:
         filters.append(jwt_filter(config.jwt, inputs.jwt_base_dir))
-    filters += [ext_proc_filter(config), router_filter()]
+    filters += [ext_proc_filter(config), hold_filter(config), router_filter()]
     return filters
 
 
@@ -310,26 +359,96 @@ def no_pool_route(config: GatewayConfig) -> dict:
     serving). Several: there is no safe guess, so a 503 the client can retry
     (turned into OpenAI JSON by the local-reply mappers).
     """
-    route: dict = {"name": "no_pool", "match": {"prefix": "/"}}
+    return {"name": "no_pool", "match": {"prefix": "/"}, **_no_pool_action(config)}
+
+
+def _no_pool_action(config: GatewayConfig) -> dict:
     if len(config.schedulers) == 1:
-        route["route"] = pool_route_action(config.schedulers[0], config.max_fallbacks)
-    else:
-        message = "no model pool was selected for this request (endpoint picker unavailable)"
-        route["direct_response"] = {"status": 503, "body": {"inline_string": message}}
-    return route
+        return {"route": pool_route_action(config.schedulers[0], config.max_fallbacks)}
+    message = "no model pool was selected for this request (endpoint picker unavailable)"
+    return {"direct_response": {"status": 503, "body": {"inline_string": message}}}
+
+
+def decimal_at_most(limit: int) -> str:
+    """An RE2 matching exactly the decimals 1..limit (no sign, no leading zero)."""
+    digits = str(limit)
+    width = len(digits)
+    shorter = [f"[1-9][0-9]{{0,{width - 2}}}"] if width > 1 else []
+    same = []  # same width: equal up to position i, smaller there, anything after
+    for i, digit in enumerate(digits):
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            rest = f"[0-9]{{{width - i - 1}}}" if i < width - 1 else ""
+            same.append(f"{digits[:i]}[{low}-{int(digit) - 1}]{rest}")
+    return "|".join([*shorter, *same, digits])
+
+
+def one_message_route(config: GatewayConfig, path: str) -> dict:
+    """POST to an inference path with a declared body size within the limit: one message.
+
+    The common request. Envoy skips the headers message (the picker gets the
+    headers it reads as attributes with the body, see `ext_proc_filter`) and
+    the buffer filter holds the headers until the picker answered
+    (`hold_filter`). The action is `no_pool`'s: what happens when the picker
+    assigns no pool. Everything else (other methods and paths, an empty or
+    chunked body, a declared size over the limit) takes the two-message path,
+    where the picker decides from the headers alone, before the body is read.
+    """
+    limit = config.bbr.max_request_body_bytes
+    size = {"safe_regex": {"regex": decimal_at_most(limit)}}
+    overrides = {"processing_mode": {**PROCESSING_MODE, "request_header_mode": "SKIP"}}
+    return {
+        "name": f"one_message{path.replace('/', '_')}",
+        "match": {
+            "path": path,
+            "headers": [
+                _exact(":method", "POST"),
+                {"name": "content-length", "string_match": size},
+            ],
+        },
+        **_no_pool_action(config),
+        "typed_per_filter_config": {
+            EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "overrides": overrides},
+            # A per-route config turns the disabled filter on. (A bare FilterConfig
+            # {disabled: false} passes `envoy --mode validate` but 1.40 rejects the
+            # RDS file: "empty per filter configuration".)
+            BUFFER: {"@type": BUFFER_ROUTE_TYPE, "buffer": {"max_request_bytes": limit}},
+        },
+    }
+
+
+def pool_route(pool: SchedulerConfig, max_fallbacks: int) -> dict:
+    """The pool the picker chose (its `envoy.lb` metadata); the picker's answer is also
+    copied into the `x-gateway-*` request headers, for the pod and the access log."""
+    chosen = {
+        "filter": headers.LB_METADATA_NAMESPACE,
+        "path": [{"key": headers.POOL}],
+        "value": {"string_match": {"exact": pool.name}},
+    }
+    copies = [
+        {
+            "header": {
+                "key": name,
+                "value": f"%DYNAMIC_METADATA({headers.LB_METADATA_NAMESPACE}:{name})%",
+            },
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+        for name in headers.ROUTING_HEADERS
+    ]
+    return {
+        "name": f"pool_{pool.name}",
+        "match": {"prefix": "/", "dynamic_metadata": [chosen]},
+        "route": pool_route_action(pool, max_fallbacks),
+        "request_headers_to_add": copies,
+    }
 
 
 def route_config(config: GatewayConfig) -> dict:
-    """Health check, then one route per pool on the picker's `x-gateway-pool`, then fallback."""
+    """Health check, one route per pool on the picker's answer, the one-message routes,
+    then the fallback."""
     routes = [health_route()]
-    for pool in config.schedulers:
-        routes.append(
-            {
-                "name": f"pool_{pool.name}",
-                "match": {"prefix": "/", "headers": [_exact(headers.POOL, pool.name)]},
-                "route": pool_route_action(pool, config.max_fallbacks),
-            }
-        )
+    routes += [pool_route(pool, config.max_fallbacks) for pool in config.schedulers]
+    routes += [one_message_route(config, path) for path in API_PATHS]
     routes.append(no_pool_route(config))
     return {
         "name": "gateway",
