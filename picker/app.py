@@ -27,7 +27,6 @@ from pathlib import Path
 
 import grpc
 from aiohttp import web
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.core import Metric
 
@@ -42,12 +41,16 @@ from picker.director import Director
 from picker.discovery.static import StaticResolver
 from picker.envoy_admin import EnvoyAdmin, ejected
 from picker.gateway_metrics import GatewayMetrics, process_families
+from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HealthCheck
 from picker.handlers import ExtProcHandler
 from proto import admin_pb2_grpc
 
 log = logging.getLogger("picker.app")
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+EXT_PROC_PATH = f"/{EXT_PROC_SERVICE}/Process"
+# Largest ext_proc message accepted: a body at the largest configurable limit, plus framing.
+MAX_EXT_PROC_MESSAGE = 300 << 20
 RELOAD_POLL_S = 1.0
 DRAIN_TIMEOUT_S = 30.0
 # How long a reload waits for Envoy to run the new clusters/routes before the
@@ -83,7 +86,7 @@ class PickerApp:
         self.metrics.attach(self.datastore, self._process_metrics)
         self.envoy = EnvoyAdmin(self.config.envoy_admin_port)
         self.health = health.aio.HealthServicer()
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: H2GrpcServer | None = None
         self._admin: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -130,23 +133,26 @@ class PickerApp:
 
         self._discovery = await start_discovery(self)
 
-    async def _start_ext_proc(self) -> grpc.aio.Server:
+    async def _start_ext_proc(self) -> H2GrpcServer:
+        """ext_proc and gRPC health on picker.h2_grpc (see there for why not grpc.aio)."""
         handler = ExtProcHandler(self.director)
-        server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 300 << 20)]
+        server = H2GrpcServer(
+            {
+                EXT_PROC_PATH: handler.stream,
+                HEALTH_CHECK_PATH: lambda stream: HealthCheck(stream, self._serving),
+            },
+            max_message=MAX_EXT_PROC_MESSAGE,
         )
-        method = grpc.stream_stream_rpc_method_handler(
-            handler.process,
-            request_deserializer=ext_proc.ProcessingRequest.FromString,
-            response_serializer=None,
-        )
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(EXT_PROC_SERVICE, {"Process": method}),)
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        server.add_insecure_port(f"{self.host}:{self.config.picker_port}")
-        await server.start()
+        await server.start(self.host, self.config.picker_port)
         return server
+
+    def _serving(self, service: str) -> int | None:
+        """Health of the ext_proc port: NOT_SERVING once draining, so probes stop early."""
+        if service not in ("", EXT_PROC_SERVICE):
+            return None
+        if self._stopping.is_set():
+            return health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse.SERVING
 
     async def _start_admin(self) -> grpc.aio.Server:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

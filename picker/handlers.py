@@ -1,8 +1,8 @@
 """The ext_proc stream state machine: [headers →] body → (wait for the end).
 
-One gRPC stream per HTTP request. The common request (POST to an inference
-path with a content-length within the limit, igw_envoy.listener's
-`one_message_route`) costs one message: Envoy skips the headers and sends the
+One gRPC stream per HTTP request, served by picker.h2_grpc. The common request
+(POST to an inference path with a content-length within the limit,
+igw_envoy.listener's `one_message_route`) costs one message: Envoy skips the headers and sends the
 buffered body with the header values the picker reads as attributes. Any
 other request starts with a headers message, which the picker may answer on
 its own (model list, 404, 405, 400, 413) before the body is read. The body is
@@ -15,11 +15,11 @@ an ImmediateResponse here, in one place.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from dataclasses import dataclass
 
-import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.type.v3 import http_status_pb2
@@ -29,6 +29,7 @@ from bbr import headers as hdr
 from bbr.errors import ApiError, BodyTooLarge, InvalidRequest, NotFound, error_body, error_headers
 from bbr.request import API_PATHS
 from picker.director import Decision, Director, RequestInfo
+from picker.h2_grpc import Stream
 
 log = logging.getLogger("picker.handlers")
 
@@ -175,42 +176,16 @@ def extend_timeout(seconds: float) -> bytes:
 
 
 class ExtProcHandler:
-    """Serves envoy.service.ext_proc.v3.ExternalProcessor/Process."""
+    """Serves envoy.service.ext_proc.v3.ExternalProcessor/Process: `stream` makes the
+    per-call state machine for picker.h2_grpc; what the headers alone decide is here."""
 
     def __init__(self, director: Director) -> None:
         self.director = director
 
-    async def process(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
-        """Drive one HTTP request through its phases; account its end in `finally`."""
-        decision: Decision | None = None
-        try:
-            msg = await context.read()
-            if msg is grpc.aio.EOF:
-                return
-            if msg.HasField("request_headers"):
-                info = _read_headers(msg.request_headers.headers)
-                answer = self._on_headers(info, msg.request_headers.end_of_stream)
-                await context.write(answer)
-                if answer is not CONTINUE_HEADERS:
-                    return
-                msg = await context.read()
-                if msg is grpc.aio.EOF:
-                    return
-            else:  # one-message route: the body came first, with the attributes
-                info = _read_attributes(msg)
-            if not msg.HasField("request_body"):
-                return
-            decision, answer = await self._on_body(msg.request_body.body, info, context)
-            await context.write(answer)
-            if decision is not None:
-                await self._wait_for_end(context, decision)
-        except ApiError as exc:
-            await context.write(error_response(exc))
-        finally:
-            if decision is not None:
-                self.director.complete(decision)
+    def stream(self, stream: Stream) -> ExtProcStream:
+        return ExtProcStream(self, stream)
 
-    def _on_headers(self, info: _Headers, end_of_stream: bool) -> bytes:
+    def on_headers(self, info: _Headers, end_of_stream: bool) -> bytes:
         """Everything the headers alone decide, before Envoy buffers a body for nothing:
         the model list, unknown paths (404), other methods than POST (405), a missing
         body (400), a declared length over the limit (413, without reading the body)."""
@@ -240,9 +215,50 @@ class ExtProcHandler:
             )
         return CONTINUE_HEADERS
 
-    async def _on_body(
-        self, body: bytes, info: _Headers, context: grpc.aio.ServicerContext
-    ) -> tuple[Decision | None, bytes]:
+
+class ExtProcStream:
+    """One HTTP request's ext_proc call: [headers →] body → (wait for the end).
+
+    Driven by message callbacks from picker.h2_grpc, so the common request is
+    answered synchronously inside the connection's read callback (no task, no
+    future); only a request held by admission control gets a task. The call's
+    end (Envoy closes it when the HTTP request is over) closes the accounting.
+    """
+
+    __slots__ = ("_admission", "_decision", "_handler", "_info", "_stream")
+
+    def __init__(self, handler: ExtProcHandler, stream: Stream) -> None:
+        self._handler = handler
+        self._stream = stream
+        self._info: _Headers | None = None
+        self._decision: Decision | None = None
+        self._admission: asyncio.Task[None] | None = None
+
+    def on_message(self, message: bytes) -> None:
+        msg = ext_proc.ProcessingRequest.FromString(message)
+        kind = msg.WhichOneof("request")
+        try:
+            if kind == "request_body":
+                if self._decision is None and self._admission is None:
+                    # No headers message: the one-message route sent them as attributes.
+                    info = self._info if self._info is not None else _read_attributes(msg)
+                    self._on_body(msg.request_body.body, info)
+            elif kind == "request_headers":
+                if self._info is None:
+                    self._info = _read_headers(msg.request_headers.headers)
+                    end = msg.request_headers.end_of_stream
+                    answer = self._handler.on_headers(self._info, end)
+                    self._stream.send(answer)
+                    if answer is not CONTINUE_HEADERS:
+                        self._stream.finish()
+            elif kind == "response_headers" and self._decision is not None:
+                self._decision.status = _status_of(msg.response_headers.headers)
+                self._stream.send(CONTINUE_RESPONSE_HEADERS)
+        except ApiError as exc:
+            self._stream.send(error_response(exc))
+            self._stream.finish()
+
+    def _on_body(self, body: bytes, info: _Headers) -> None:
         request = RequestInfo(
             path=info.path,
             content_type=info.content_type,
@@ -251,22 +267,33 @@ class ExtProcHandler:
             criticality=info.criticality,
             request_id=info.request_id,
         )
-        decision = self.director.route_now(body, request)
-        if decision.admission_wait is not None:
-            await context.write(extend_timeout(decision.admission_wait + 1.0))
-            await self.director.admit(decision)
-        return decision, route_response(decision)
+        decision = self._handler.director.route_now(body, request)
+        if decision.admission_wait is None:
+            self._decision = decision
+            self._stream.send(route_response(decision))
+            return
+        self._stream.send(extend_timeout(decision.admission_wait + 1.0))
+        self._admission = asyncio.get_running_loop().create_task(self._admit(decision))
 
-    async def _wait_for_end(self, context: grpc.aio.ServicerContext, decision: Decision) -> None:
-        """Read until Envoy closes the stream; a response-headers phase, if configured,
-        is acknowledged and its status recorded."""
-        while True:
-            msg = await context.read()
-            if msg is grpc.aio.EOF:
-                return
-            if msg.HasField("response_headers"):
-                decision.status = _status_of(msg.response_headers.headers)
-                await context.write(CONTINUE_RESPONSE_HEADERS)
+    async def _admit(self, decision: Decision) -> None:
+        """Wait in the pool's admission queue, then answer (or fail) the held request."""
+        try:
+            await self._handler.director.admit(decision)
+        except ApiError as exc:
+            self._stream.send(error_response(exc))
+            self._stream.finish()
+            return
+        self._decision = decision
+        self._stream.send(route_response(decision))
+
+    def on_end(self, reset: bool) -> None:
+        """Envoy closed the call: the HTTP request is over; release its accounting."""
+        if self._admission is not None and not self._admission.done():
+            self._admission.cancel()
+        if self._decision is not None:
+            self._handler.director.complete(self._decision)
+            self._decision = None
+        self._stream.finish()
 
 
 def _status_of(header_map: base_pb2.HeaderMap) -> int:

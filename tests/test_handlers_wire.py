@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from google.protobuf import struct_pb2
@@ -56,20 +55,19 @@ class FakeDirector:
         self.completed += 1
 
 
-class FakeContext:
-    """A grpc.aio stream: messages go through the wire format, as from Envoy."""
+class FakeStream:
+    """The server side of one call (picker.h2_grpc.Stream): records what is sent."""
 
-    def __init__(self, messages: list[ext_proc.ProcessingRequest]) -> None:
-        self.incoming = [
-            ext_proc.ProcessingRequest.FromString(m.SerializeToString()) for m in messages
-        ]
+    def __init__(self) -> None:
         self.written: list[bytes] = []
+        self.finished = False
 
-    async def read(self) -> object:
-        return self.incoming.pop(0) if self.incoming else grpc.aio.EOF
-
-    async def write(self, answer: bytes) -> None:
+    def send(self, answer: bytes) -> None:
+        assert not self.finished
         self.written.append(answer)
+
+    def finish(self, status: int = 0, message: str = "") -> None:
+        self.finished = True
 
 
 BODY = b'{"model": "llama", "prompt": "hi"}'
@@ -105,11 +103,16 @@ def _attributes(values: dict[str, str]) -> dict[str, struct_pb2.Struct]:
     return {"envoy.filters.http.ext_proc": attributes}
 
 
-async def _run(messages: list[ext_proc.ProcessingRequest]) -> tuple[FakeDirector, FakeContext]:
+def _run(messages: list[ext_proc.ProcessingRequest]) -> tuple[FakeDirector, FakeStream]:
+    """Feed the wire bytes (as Envoy sends them) to one call, then end it."""
     director = FakeDirector()
-    context = FakeContext(messages)
-    await ExtProcHandler(director).process(None, context)
-    return director, context
+    stream = FakeStream()
+    call = ExtProcHandler(director).stream(stream)
+    for message in messages:
+        call.on_message(message.SerializeToString())
+    call.on_end(reset=False)
+    assert stream.finished
+    return director, stream
 
 
 def _body(**extra: object) -> ext_proc.ProcessingRequest:
@@ -118,15 +121,15 @@ def _body(**extra: object) -> ext_proc.ProcessingRequest:
     )
 
 
-async def test_body_first_stream_is_routed_like_headers_then_body() -> None:
+def test_body_first_stream_is_routed_like_headers_then_body() -> None:
     two = [
         ext_proc.ProcessingRequest(
             request_headers=ext_proc.HttpHeaders(headers=_header_map(HEADERS))
         ),
         _body(),
     ]
-    director2, context2 = await _run(two)
-    director1, context1 = await _run([_body(attributes=_attributes(HEADERS))])
+    director2, context2 = _run(two)
+    director1, context1 = _run([_body(attributes=_attributes(HEADERS))])
     assert context2.written == [CONTINUE_HEADERS, route_response(SimpleNamespace(headers=ROUTING))]
     assert context1.written == context2.written[1:]  # one message, the same answer
     assert director1.infos == director2.infos
@@ -141,7 +144,7 @@ async def test_body_first_stream_is_routed_like_headers_then_body() -> None:
     assert director1.completed == director2.completed == 1
 
 
-async def test_absent_headers_are_absent_attributes() -> None:
+def test_absent_headers_are_absent_attributes() -> None:
     minimal = {":path": "/v1/completions", "x-request-id": "rid-2"}
-    director, _ = await _run([_body(attributes=_attributes(minimal))])
+    director, _ = _run([_body(attributes=_attributes(minimal))])
     assert director.infos == [RequestInfo(path="/v1/completions", request_id="rid-2")]
