@@ -4,6 +4,7 @@ one-message route) is read and routed like one that starts with the headers."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 from envoy.config.core.v3 import base_pb2
@@ -148,3 +149,78 @@ def test_absent_headers_are_absent_attributes() -> None:
     minimal = {":path": "/v1/completions", "x-request-id": "rid-2"}
     director, _ = _run([_body(attributes=_attributes(minimal))])
     assert director.infos == [RequestInfo(path="/v1/completions", request_id="rid-2")]
+
+
+def _headers_message(values: dict[str, str], end: bool = False) -> ext_proc.ProcessingRequest:
+    return ext_proc.ProcessingRequest(
+        request_headers=ext_proc.HttpHeaders(headers=_header_map(values), end_of_stream=end)
+    )
+
+
+def test_error_from_the_headers_is_answered_and_ends_the_call() -> None:
+    director, stream = _run([_headers_message({**HEADERS, ":path": "/v1/nope"})])
+    answer = ext_proc.ProcessingResponse.FromString(stream.written[0])
+    assert answer.immediate_response.status.code == 404
+    assert len(stream.written) == 1
+    assert director.infos == [] and director.completed == 0
+
+
+def test_response_headers_status_is_recorded() -> None:
+    director = FakeDirector()
+    stream = FakeStream()
+    call = ExtProcHandler(director).stream(stream)
+    call.on_message(_body(attributes=_attributes(HEADERS)).SerializeToString())
+    decision = call._decision
+    response = ext_proc.ProcessingRequest(
+        response_headers=ext_proc.HttpHeaders(headers=_header_map({":status": "503"}))
+    )
+    call.on_message(response.SerializeToString())
+    assert decision.status == 503
+    call.on_end(reset=True)
+    assert director.completed == 1 and stream.finished
+
+
+class HeldDirector(FakeDirector):
+    """A saturated pool: every request waits in admission until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.admitted = 0
+
+    def route_now(self, body: bytes, info: RequestInfo) -> SimpleNamespace:
+        self.infos.append(info)
+        return SimpleNamespace(headers=ROUTING, admission_wait=2.0, status=0)
+
+    async def admit(self, _decision: object) -> None:
+        await self.release.wait()
+        self.admitted += 1
+
+
+async def test_admission_wait_extends_the_timeout_then_routes() -> None:
+    director = HeldDirector()
+    stream = FakeStream()
+    call = ExtProcHandler(director).stream(stream)
+    call.on_message(_body(attributes=_attributes(HEADERS)).SerializeToString())
+    first = ext_proc.ProcessingResponse.FromString(stream.written[0])
+    assert first.override_message_timeout.seconds == 3
+    director.release.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert stream.written[1] == route_response(SimpleNamespace(headers=ROUTING))
+    call.on_end(reset=False)
+    assert director.completed == 1 and stream.finished
+
+
+async def test_call_ended_while_held_cancels_admission_and_counts_nothing() -> None:
+    director = HeldDirector()
+    stream = FakeStream()
+    call = ExtProcHandler(director).stream(stream)
+    call.on_message(_body(attributes=_attributes(HEADERS)).SerializeToString())
+    await asyncio.sleep(0)
+    call.on_end(reset=True)
+    director.release.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert director.admitted == 0 and director.completed == 0
+    assert len(stream.written) == 1 and stream.finished
