@@ -375,6 +375,8 @@ class H2Connection(asyncio.Protocol):
             payload = _unpad(payload)
         if flags & PRIORITY_FLAG:
             payload = payload[5:]
+        if len(payload) > MAX_HEADER_BLOCK:
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
         self._header_stream = stream_id
         self._header_end_stream = bool(flags & END_STREAM)
         if flags & END_HEADERS:
@@ -410,6 +412,10 @@ class H2Connection(asyncio.Protocol):
         stream.remote_closed = self._header_end_stream
         if self.goaway_sent or self.server.draining:
             stream.finish(GRPC_UNAVAILABLE, "server is shutting down")
+            self._reset(stream, REFUSED_STREAM)
+            return
+        if len(self.streams) >= MAX_CONCURRENT_STREAMS:  # what our SETTINGS announced
+            stream.finish(GRPC_RESOURCE_EXHAUSTED, "too many concurrent streams")
             self._reset(stream, REFUSED_STREAM)
             return
         self.streams[stream_id] = stream

@@ -14,7 +14,9 @@ from typing import ClassVar
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hpack import Encoder
 
+from picker import h2_grpc
 from picker.h2_grpc import (
     GOAWAY,
     HEALTH_CHECK_PATH,
@@ -231,3 +233,34 @@ def test_ping_is_answered(server: Server) -> None:
         sock.sendall(PREFACE + frame(4, 0, 0) + frame(6, 0, 0, b"12345678"))
         frames = _read_frames(sock)
     assert (6, 1, 0, b"12345678") in frames
+
+
+def _request_headers(path: str) -> bytes:
+    return Encoder().encode(
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "picker"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]
+    )
+
+
+def test_streams_beyond_the_announced_limit_are_refused(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(h2_grpc, "MAX_CONCURRENT_STREAMS", 1)
+    with _raw_connect(server.port) as sock:
+        sock.sendall(
+            PREFACE
+            + frame(4, 0, 0)
+            + frame(1, 4, 1, _request_headers(ECHO))
+            + frame(1, 4, 3, _request_headers(ECHO))
+        )
+        frames = _read_frames(sock)
+    resets = [
+        (sid, struct.unpack(">I", payload)[0]) for kind, _, sid, payload in frames if kind == 3
+    ]
+    assert resets == [(3, 7)]  # REFUSED_STREAM on the second stream only
