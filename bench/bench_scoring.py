@@ -29,7 +29,7 @@ from picker.config import SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling import Scheduler, SchedulingRequest
 from picker.scheduling.prefix_index import PrefixIndex
-from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY
+from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, NEAR_BEST
 from picker.scheduling.state import DEFAULT_OUTPUT_TOKENS
 
 SIZES = (10, 100, 1_000, 10_000)
@@ -161,14 +161,17 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
         slots = max(0.0, d["running"][r] + q + 1.0 - cap)
         ttft.append(work / tps + step + slots * step * d["mean_output"] / cap)
     best = min(ttft)
+    latency = [best / x for x in ttft]
+    near = [1.0 if x >= 1.0 / (1.0 + NEAR_BEST) else 0.0 for x in latency]
+    lru = [0.0] * len(cands) if hit else _minmax_inv([d["last_picked_at"][r] for r in cands])
     scores = {
-        "predictedLatency": [best / x for x in ttft],
+        "predictedLatency": latency,
         "prefix": frac if hit else [0.0] * len(cands),
-        "queue": _minmax_inv(queue),
+        "queue": [s * g for s, g in zip(_minmax_inv(queue), near, strict=True)],
         "kvCache": kv,
         "loraAffinity": [1.0] * len(cands),
-        "runningRequests": _minmax_inv(running),
-        "lru": [0.0] * len(cands) if hit else _minmax_inv([d["last_picked_at"][r] for r in cands]),
+        "runningRequests": [s * g for s, g in zip(_minmax_inv(running), near, strict=True)],
+        "lru": [s * g for s, g in zip(lru, near, strict=True)],
     }
     totals = [sum(w * scores[name][i] for name, w in d["weights"].items())
               for i in range(len(cands))]

@@ -450,3 +450,22 @@ def test_vectorized_scores_equal_the_pure_python_twin(n):
     row, totals = _python_score(_python_inputs(pool, sched), request, now)
     assert [ours[r] for r in sorted(ours)] == pytest.approx(totals, rel=1e-9)
     assert ours[row] == pytest.approx(max(ours.values()))
+
+
+# -- latency-gated tie-breakers ----------------------------------------------------------
+
+
+def test_tie_breakers_vote_only_among_pods_near_the_best_predicted_ttft():
+    # Pod 0 is 10x faster and has one more request in flight; pod 1 is idle and
+    # was picked long ago. Queue, running and lru all favour pod 1 by a full point.
+    pool = make_pool(2, prefill_tps=[20_000, 2_000], decode_step_s=[0.01, 0.04],
+                     dispatched=[1, 0], running=[2, 0], last_picked_at=[NOW, NOW - 60])
+    request = req(prompt=1_000)
+    for name in ("queue", "runningRequests", "lru"):
+        assert scores(pool, name, request) == [0.0, 1.0]
+        assert scores(pool, name, request, latency_gated=True) == [0.0, 0.0]
+    # Equal speeds: the tie-breakers keep working.
+    pool.table.prefill_tps[:2] = 20_000
+    pool.table.decode_step_s[:2] = 0.01
+    assert scores(pool, "queue", request, latency_gated=True) == [0.0, 1.0]
+    assert scores(pool, "lru", request, latency_gated=True) == [0.0, 1.0]

@@ -20,7 +20,8 @@ class ScoringContext:
     """Candidate rows of one pool for one request at time `now`."""
 
     __slots__ = (
-        "_cols", "_hashes", "_matched", "index", "now", "pool", "req", "rows", "state", "table",
+        "_cols", "_hashes", "_matched", "index", "latency", "now", "pool", "req", "rows", "state",
+        "table",
     )
 
     def __init__(
@@ -41,6 +42,9 @@ class ScoringContext:
         self._cols: dict[str, np.ndarray | None] = {}
         self._matched: np.ndarray | None = None
         self._hashes: list[int] | None = None
+        # min(ttft) / ttft per candidate once predictedLatency has computed it
+        # (scorers gated by it reuse it instead of recomputing the model)
+        self.latency: np.ndarray | None = None
 
     def narrow(self, keep: np.ndarray) -> None:
         """Keep only the candidates where `keep` is true (filters call this)."""
@@ -48,6 +52,7 @@ class ScoringContext:
         self.index = _index(self.rows)
         self._cols.clear()
         self._matched = None
+        self.latency = None
 
     def col(self, name: str) -> np.ndarray:
         """Datastore column `name` for the candidate rows (gathered once, read-only)."""

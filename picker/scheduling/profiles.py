@@ -53,6 +53,11 @@ PROFILES: dict[str, ProfileSpec] = {
             "runningRequests": 0.5,
             "lru": 0.5,
         },
+        params={
+            "queue": {"latency_gated": True},
+            "runningRequests": {"latency_gated": True},
+            "lru": {"latency_gated": True},
+        },
     ),
     # The reference endpoint picker's published defaults, on scraped numbers
     # only (no in-flight correction), so it can be compared as published.

@@ -38,6 +38,8 @@ DEFAULT_BATCH_CAPACITY = 256
 # Loading a LoRA adapter from the host cache into GPU memory: tens of ms (vLLM,
 # adapters of a few hundred MB over PCIe); a conservative round figure.
 LORA_LOAD_S = 0.05
+# Predicted TTFTs within this fraction of the best count as a tie (see `near_best`).
+NEAR_BEST = 0.25
 
 
 @register_scorer
@@ -49,7 +51,26 @@ class PredictedLatency:
 
     def score(self, ctx: ScoringContext) -> np.ndarray | float:
         ttft = predicted_ttft(ctx, self.batch_capacity)
-        return ttft.min() / ttft
+        ctx.latency = ttft.min() / ttft
+        return ctx.latency
+
+
+def latency_score(ctx: ScoringContext) -> np.ndarray:
+    """min(ttft) / ttft per candidate: predictedLatency's score, computed once per request."""
+    if ctx.latency is None:
+        ttft = predicted_ttft(ctx, DEFAULT_BATCH_CAPACITY)
+        ctx.latency = ttft.min() / ttft
+    return ctx.latency
+
+
+def near_best(ctx: ScoringContext) -> np.ndarray:
+    """1.0 where the predicted TTFT is within `NEAR_BEST` of the best candidate's, else 0.0.
+
+    The spreading tie-breakers (queue, runningRequests, lru in the llm-d
+    profile) vote only among these: min-max normalization turns any
+    difference into a full point, which must not outvote a real TTFT gap.
+    """
+    return latency_score(ctx) >= 1.0 / (1.0 + NEAR_BEST)
 
 
 def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:

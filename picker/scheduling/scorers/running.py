@@ -3,6 +3,8 @@
 r = scraped `running` + `dispatched` since that scrape. Not `running +
 inflight`: the gateway's in-flight requests are mostly already inside
 `running`, so adding them would count each one twice.
+
+`latency_gated`: multiplied by the pod's predictedLatency score, as for `queue`.
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ import numpy as np
 
 from picker.scheduling.context import ScoringContext
 from picker.scheduling.registry import min_max_inverse, register_scorer
+from picker.scheduling.scorers.latency import near_best
 
 
 @register_scorer
 class RunningRequests:
     name: ClassVar[str] = "runningRequests"
 
-    def __init__(self, gap_correction: bool = True) -> None:
+    def __init__(self, gap_correction: bool = True, latency_gated: bool = False) -> None:
         self.gap_correction = gap_correction
+        self.latency_gated = latency_gated
 
     def score(self, ctx: ScoringContext) -> np.ndarray | float:
         r = ctx.col("running")
         if self.gap_correction:
             r = r + ctx.col("dispatched")
-        return min_max_inverse(r)
+        score = min_max_inverse(r)
+        return score * near_best(ctx) if self.latency_gated else score
