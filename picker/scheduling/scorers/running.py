@@ -4,7 +4,7 @@ r = scraped `running` + `dispatched` since that scrape. Not `running +
 inflight`: the gateway's in-flight requests are mostly already inside
 `running`, so adding them would count each one twice.
 
-`latency_gated`: multiplied by the pod's predictedLatency score, as for `queue`.
+`latency_gated`: 0 for pods not near the best predicted TTFT, as for `queue`.
 """
 
 from __future__ import annotations
