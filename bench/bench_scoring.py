@@ -110,6 +110,7 @@ def _python_inputs(pool: Pool, sched: Scheduler) -> dict:
     data = {c: getattr(t, c)[:n].tolist() for c in cols}
     data.update(
         n=n, sets=lru_sets, since=state.since_tokens[:n].tolist(), spt=state.spt[:n].tolist(),
+        backlog=state.backlog_work(slice(0, n)).tolist(),
         mean_prompt=state.mean_prompt, mean_output=state.mean_output or DEFAULT_OUTPUT_TOKENS,
         stale=pool.config.metrics.stale_after_s, weights=sched.profile.weights,
     )
@@ -157,7 +158,8 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
         tps = d["prefill_tps"][r] if d["prefill_tps"][r] > 0 else ref_tps / slow
         step = d["decode_step_s"][r] if d["decode_step_s"][r] > 0 else ref_step * slow
         since = d["since"][r] if disp > 0 else 0.0
-        work = d["waiting"][r] * d["mean_prompt"] + since + req.prompt_tokens * (1 - frac[i])
+        ahead = max(d["waiting"][r] * d["mean_prompt"], d["backlog"][r])
+        work = ahead + since + req.prompt_tokens * (1 - frac[i])
         slots = max(0.0, d["running"][r] + q + 1.0 - cap)
         ttft.append(work / tps + step + slots * step * d["mean_output"] / cap)
     best = min(ttft)

@@ -58,6 +58,9 @@ FLOAT_COLUMNS = (
     "raw_prefill_sum",
     "raw_prefill_count",
     "raw_prefill_tokens",
+    # the engine's prompt-token counter (tokens whose prefill completed) as last scraped;
+    # NaN when the engine does not publish it (picker.scheduling.state's prefill backlog)
+    "prompt_tokens_total",
     # when a scrape last brought speed observations (picker.datalayer.speed forgets by it)
     "speed_seen_at",
 )

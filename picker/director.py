@@ -208,7 +208,7 @@ class Director:
             ) from exc
         decision.row = int(pick.rows[0])
         decision.address = pick.addresses[0]
-        decision.scheduler.on_dispatch(decision.row, decision.request, now)
+        decision.scheduler.on_dispatch(decision.row, decision.request, now, pick.cached)
         decision.headers = [
             (hdr.POOL, pool.name),
             (hdr.DESTINATION_ENDPOINT, ",".join(pick.addresses)),

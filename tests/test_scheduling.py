@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -13,6 +14,7 @@ from picker.scheduling import NoCandidates, Scheduler, SchedulingRequest, build_
 from picker.scheduling.context import ScoringContext
 from picker.scheduling.profiles import PROFILES, effective_weights
 from picker.scheduling.registry import SCORERS
+from picker.scheduling.scorers.latency import predicted_ttft
 
 NOW = 1_000.0
 
@@ -452,7 +454,62 @@ def test_vectorized_scores_equal_the_pure_python_twin(n):
     assert ours[row] == pytest.approx(max(ours.values()))
 
 
-# -- latency-gated tie-breakers ----------------------------------------------------------
+# -- prefill backlog and latency-gated tie-breakers ----------------------------------------
+
+
+def _scrape(pool: Pool, row: int, at: float, prompt_counter: float) -> None:
+    pool.table.prompt_tokens_total[row] = prompt_counter
+    pool.mark_scrape(row, True, at)
+
+
+def test_prefill_backlog_counts_sent_tokens_the_engine_has_not_prefilled():
+    pool = make_pool(2, prefill_tps=[1_000, 1_000], decode_step_s=[0.01, 0.01])
+    sched = Scheduler(pool)
+    _scrape(pool, 0, NOW, 5_000.0)
+    _scrape(pool, 1, NOW, 5_000.0)
+    for _ in range(3):
+        sched.on_dispatch(0, req(prompt=400), NOW)
+    # the engine admitted all three (running, not waiting) and prefilled one
+    _scrape(pool, 0, NOW + 0.05, 5_400.0)
+    _scrape(pool, 1, NOW + 0.05, 5_000.0)
+    assert sched.state.prefill_backlog()[:2].tolist() == [800.0, 0.0]
+    ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(2), NOW + 0.05)
+    ttft = predicted_ttft(ctx, 256.0)
+    # pod 0: (800 + 200) / 1000 + 0.01; pod 1: 200 / 1000 + 0.01
+    assert ttft.tolist() == pytest.approx([1.01, 0.21])
+    _scrape(pool, 0, NOW + 0.1, 6_200.0)  # both prefilled
+    assert sched.state.prefill_backlog()[0] == 0.0
+
+
+def test_prefill_backlog_clamped_by_unfinished_work_restart_and_missing_counter():
+    pool = make_pool(1)
+    sched = Scheduler(pool)
+    _scrape(pool, 0, NOW, 100.0)
+    sched.on_dispatch(0, req(prompt=300), NOW)
+    _scrape(pool, 0, NOW + 0.05, 100.0)
+    assert sched.state.prefill_backlog()[0] == 300.0
+    sched.on_complete(0, req(prompt=300), NOW + 0.06, 0.06, False)  # failed, never prefilled
+    _scrape(pool, 0, NOW + 0.1, 100.0)
+    assert sched.state.prefill_backlog()[0] == 0.0  # nothing unfinished: nothing ahead
+    sched.on_dispatch(0, req(prompt=500), NOW + 0.1)
+    _scrape(pool, 0, NOW + 0.15, 20.0)  # counter went down: the pod restarted
+    assert sched.state.prefill_backlog()[0] == 480.0
+    sched.on_dispatch(0, req(prompt=500), NOW + 0.15)
+    _scrape(pool, 0, NOW + 0.2, math.nan)  # engine without the counter: no information
+    assert sched.state.prefill_backlog()[0] == 0.0
+
+
+
+def test_prefill_backlog_work_leaves_out_the_expected_cache_hits():
+    pool = make_pool(1)
+    sched = Scheduler(pool)
+    _scrape(pool, 0, NOW, 0.0)
+    for _ in range(20):  # a long shared prefix: the pod was expected to have 3/4 cached
+        sched.on_dispatch(0, req(prompt=1_000), NOW, cached=0.75)
+    _scrape(pool, 0, NOW + 0.05, 0.0)
+    assert sched.state.prefill_backlog()[0] == 20_000.0  # whole prompts, as the counter
+    work = sched.state.backlog_work(slice(0, 1))[0]
+    assert 20_000.0 * 0.25 <= work < 20_000.0 * 0.26  # the EWMA converges on 1 - 0.75
 
 
 def test_tie_breakers_vote_only_among_pods_near_the_best_predicted_ttft():

@@ -48,6 +48,8 @@ class Pick:
     # True when every candidate's metrics were stale and the pick used the
     # gateway's own in-flight counts only.
     degraded: bool = False
+    # Fraction of the prompt's blocks the chosen pod had (its expected cache hit).
+    cached: float = 0.0
 
 
 class Scheduler:
@@ -112,9 +114,12 @@ class Scheduler:
         else:
             totals = self._totals(ctx, profile) if profile.picker.uses_scores else np.zeros(n)
             positions = profile.picker.choose(totals, 1 + self.max_fallbacks, self.rng)
+        cached = 0.0
         if len(req.prefix_hashes):
+            hit = ctx.matched_blocks_at(int(positions[0]))
             self.state.prefix_query_blocks += len(req.prefix_hashes)
-            self.state.prefix_hit_blocks += int(ctx.matched_blocks_at(int(positions[0])))
+            self.state.prefix_hit_blocks += int(hit)
+            cached = hit / len(req.prefix_hashes)
         rows = tuple(ctx.rows[positions].tolist())
         addresses = tuple(self.pool.row_address[r] or "" for r in rows)
         scores = tuple(totals[positions].tolist())
@@ -126,11 +131,14 @@ class Scheduler:
                 ",".join(f"{s:.3f}" for s in scores), degraded, req.adapter,
                 req.prompt_tokens, len(req.prefix_hashes),
             )
-        return Pick(rows, addresses, scores, degraded)
+        return Pick(rows, addresses, scores, degraded, cached)
 
-    def on_dispatch(self, row: int, req: SchedulingRequest, now: float) -> None:
-        """`req` was sent to `row`: count its work there now (closes the scrape gap)."""
-        self.state.on_dispatch(row, req, now)
+    def on_dispatch(
+        self, row: int, req: SchedulingRequest, now: float, cached: float = 0.0
+    ) -> None:
+        """`req` was sent to `row` (expecting the `cached` fraction of its prompt to hit
+        the pod's cache): count its work there now (closes the scrape gap)."""
+        self.state.on_dispatch(row, req, now, cached)
         self._notify()
 
     def on_complete(

@@ -51,6 +51,17 @@ class PoolState:
         self.since_tokens = np.zeros(0)
         self.since_stamp = np.zeros(0)
         self.spt = np.zeros(0)
+        # Prefill backlog (see `prefill_backlog`): prompt tokens sent to each row in
+        # total, those not yet prefilled as of the last folded scrape, and that
+        # scrape's time, sent total and engine prompt-token counter.
+        self.sent_tokens = np.zeros(0)
+        self.backlog = np.zeros(0)
+        self.fold_stamp = np.zeros(0)
+        self.fold_sent = np.zeros(0)
+        self.fold_counter = np.zeros(0)
+        # EWMA of the prompt fraction each row was expected to have cached: the backlog
+        # counts whole prompts (as the engine's counter does), its work is the rest.
+        self.cached_share = np.zeros(0)
         # When the gateway last sent each adapter to each pod: engines keep recently
         # used adapters resident, but vLLM's metrics only show adapters of *running*
         # requests, so an idle resident adapter is visible only from here.
@@ -69,7 +80,7 @@ class PoolState:
         if pool.version == self._version and len(self.spt) == cap:
             return
         if len(self.spt) < cap:
-            for name in ("since_tokens", "since_stamp", "spt"):
+            for name in _ROW_ARRAYS:
                 grown = np.zeros(cap)
                 old = getattr(self, name)
                 grown[: len(old)] = old
@@ -86,9 +97,8 @@ class PoolState:
 
     def _reset_row(self, row: int) -> None:
         self.prefix.forget(row)
-        self.since_tokens[row] = 0.0
-        self.since_stamp[row] = 0.0
-        self.spt[row] = 0.0
+        for name in _ROW_ARRAYS:
+            getattr(self, name)[row] = 0.0
         self.adapter_sent[row] = 0.0
 
     def set_blocks_per_pod(self, blocks: int) -> None:
@@ -97,7 +107,9 @@ class PoolState:
 
     # -- accounting ---------------------------------------------------------------
 
-    def on_dispatch(self, row: int, req: SchedulingRequest, now: float) -> None:
+    def on_dispatch(
+        self, row: int, req: SchedulingRequest, now: float, cached: float = 0.0
+    ) -> None:
         """Count the request against `row` at once, before any scrape can see it."""
         self.sync()
         t = self.pool.table
@@ -109,6 +121,10 @@ class PoolState:
         t.outstanding_prefill[row] += prompt
         t.outstanding_decode[row] += output
         t.last_picked_at[row] = now
+        if self.fold_stamp[row] != t.scraped_at[row]:
+            self.prefill_backlog()  # fold that scrape before counting tokens it cannot show
+        self.sent_tokens[row] += prompt
+        self.cached_share[row] = _ewma_share(self.cached_share[row], cached)
         if self.since_stamp[row] != t.scraped_at[row]:
             self.since_stamp[row] = t.scraped_at[row]
             self.since_tokens[row] = 0.0
@@ -167,6 +183,44 @@ class PoolState:
             return None
         return self.since_tokens[index] * (dispatched > 0)
 
+    def prefill_backlog(self) -> np.ndarray:
+        """Prompt tokens sent to each row that it had not prefilled at its last scrape.
+
+        vLLM counts a request as `running` from the iteration that admits it,
+        before its prefill is done, so right after a burst `waiting` shows
+        nothing while the pod still has seconds of prefill ahead. The engine's
+        prompt-token counter grows only when a prefill completes; the gateway
+        knows what it sent. So at each scrape: backlog += sent since the
+        previous scrape − the counter's growth (a decrease is a restart: the
+        new value is the growth), kept within [0, prompt tokens of the
+        gateway's unfinished requests]. The clamps absorb what the difference
+        cannot see (other clients' requests, requests that failed before their
+        prefill). NaN counter (engine without one): 0, no information.
+
+        Folded lazily, here and before a dispatch to a row with a new scrape:
+        until then nothing was sent after that scrape, so the fold is exact.
+        """
+        t = self.pool.table
+        new = t.scraped_at != self.fold_stamp
+        if new.any():
+            rows = np.flatnonzero(new)
+            counter = t.prompt_tokens_total[rows]
+            done = counter - self.fold_counter[rows]
+            done = np.where(done < 0, counter, done)
+            sent = self.sent_tokens[rows]
+            backlog = np.clip(self.backlog[rows] + sent - self.fold_sent[rows] - done,
+                              0.0, t.outstanding_prefill[rows])
+            self.backlog[rows] = np.where(np.isnan(backlog), 0.0, backlog)
+            self.fold_counter[rows] = counter
+            self.fold_sent[rows] = sent
+            self.fold_stamp[rows] = t.scraped_at[rows]
+        return self.backlog
+
+    def backlog_work(self, index: slice | np.ndarray) -> np.ndarray:
+        """The prefill backlog of rows `index` in tokens to compute: cached prefixes
+        count in the engine's counter but cost (almost) no prefill time."""
+        return self.prefill_backlog()[index] * (1.0 - self.cached_share[index])
+
     def prompt_estimate(self, req: SchedulingRequest) -> float:
         """Mean prompt size of recent requests (this one's until any was seen)."""
         if self.mean_prompt > 0:
@@ -210,6 +264,17 @@ class PoolState:
     def invalidate_speeds(self) -> None:
         """Make the next `speeds` call re-read the table (tests, or after a bulk update)."""
         self._speed_at = -math.inf
+
+
+_ROW_ARRAYS = (
+    "since_tokens", "since_stamp", "spt",
+    "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
+)
+
+
+def _ewma_share(mean: float, value: float) -> float:
+    """EWMA for a fraction that starts at 0 (0 is a valid value, not "unset")."""
+    return mean + POD_EWMA_ALPHA * (value - mean)
 
 
 def _ewma(mean: float, value: float, alpha: float) -> float:

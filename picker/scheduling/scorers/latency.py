@@ -2,7 +2,8 @@
 
 Per candidate pod i, in seconds:
 
-    queued_i  = waiting_i × mean_prompt + prompt tokens the gateway sent since i's last scrape
+    queued_i  = max(waiting_i × mean_prompt, prefill backlog_i × (1 − cached share_i))
+              + prompt tokens the gateway sent since i's last scrape
     own_i     = prompt_tokens × (1 − prefix match fraction_i)      (uncached part only)
     slots_i   = max(0, running_i + waiting_i + dispatched_i + 1 − batch_capacity)
     ttft_i    = (queued_i + own_i) / prefill_tps_i                  prefill work ahead + ours
@@ -20,7 +21,10 @@ the datastore (learned from scrapes), unknown ones filled by `PoolState.speeds`
 
 Why not `outstanding_prefill` as the work ahead: it holds the prompts of
 every unfinished request, most of them already past prefill and counted in
-`running`; only what was sent since the scrape is invisible to `waiting`.
+`running`. But `waiting` misses requests admitted into the batch whose
+prefill has not finished (vLLM counts them as running): the prefill backlog
+(`PoolState.prefill_backlog`: prompt tokens sent minus the engine's prompt
+counter growth, weighted by the pod's expected cache hits) covers them.
 """
 
 from __future__ import annotations
@@ -78,7 +82,11 @@ def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
     state = ctx.state
     req = ctx.req
     tps, step = ctx.speeds()
-    work = ctx.col("waiting") * state.prompt_estimate(req)
+    # Work ahead as of the scrape: the waiting queue, or what the gateway sent that the
+    # pod had not prefilled yet (vLLM counts admitted requests as running), whichever is
+    # more; then what was sent since.
+    queued = ctx.col("waiting") * state.prompt_estimate(req)
+    work = np.maximum(queued, state.backlog_work(ctx.index))
     since = ctx.since_scrape_tokens()
     if since is not None:
         work += since
