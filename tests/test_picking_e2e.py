@@ -185,7 +185,9 @@ def test_pod_with_failing_metrics_gets_nothing_then_returns(stack_factory):
         assert served["pod-1"] == 0, (mode, served)
         s.clear_faults("pod-1")
         time.sleep(1.5)  # a failing pod is re-scraped with capped backoff (<= 1 s)
-        served = s.served(9)
+        # Sequential requests leave every pod at 0 in flight: ties, broken at random, so
+        # enough of them that a recovered pod missing out by chance is ~1e-4, not 3 %.
+        served = s.served(24)
         assert served["pod-1"] > 0, (mode, served)
 
 
