@@ -55,7 +55,6 @@ NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x
 FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR = 0x6, 0x7, 0x9
 ENHANCE_YOUR_CALM = 0xB
 
-SETTINGS_HEADER_TABLE_SIZE = 0x1
 SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
@@ -166,6 +165,7 @@ class Stream:
         "handler",
         "id",
         "remote_closed",
+        "reset",
         "send_window",
         "trailers_sent",
     )
@@ -177,6 +177,7 @@ class Stream:
         self._buffer = bytearray()
         self._headers_sent = False
         self.remote_closed = False
+        self.reset = False  # cancelled by the client or the connection: nothing more is sent
         self.done = False  # finish() called
         self.trailers_sent = False  # ... and its trailers written (flow control may delay them)
         self.handler: StreamHandler | None = None
@@ -224,8 +225,7 @@ class H2Connection(asyncio.Protocol):
         self._pending: list[tuple[Stream, bytes, bytes, bool]] = []
         self._received = 0
         self._out: list[bytes] | None = None
-        self.goaway_sent = False
-        self.closed = asyncio.get_running_loop().create_future()
+        self.going_away = False  # a GOAWAY was sent or received: no new streams
 
     # -- transport callbacks -------------------------------------------------------
 
@@ -247,8 +247,6 @@ class H2Connection(asyncio.Protocol):
         streams, self.streams = self.streams, {}
         for stream in streams.values():
             self._end_stream(stream, reset=True)
-        if not self.closed.done():
-            self.closed.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         self._out = []
@@ -314,7 +312,7 @@ class H2Connection(asyncio.Protocol):
             if stream is not None:
                 self._end_stream(stream, reset=True)
         elif kind == GOAWAY:
-            self.goaway_sent = True  # the client leaves: no new streams expected
+            self.going_away = True  # the client leaves
         elif kind == PUSH_PROMISE:
             raise ProtocolError(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
         # PRIORITY and unknown frame types are ignored, as RFC 9113 requires.
@@ -347,12 +345,10 @@ class H2Connection(asyncio.Protocol):
         while len(buffer) >= 5:
             size = _U32.unpack_from(buffer, 1)[0]
             if buffer[0]:
-                stream.finish(GRPC_UNIMPLEMENTED, "compressed messages are not supported")
-                self._reset(stream, NO_ERROR)
+                self._abort(stream, GRPC_UNIMPLEMENTED, "compressed messages are not supported")
                 return
             if size > self.server.max_message:
-                stream.finish(GRPC_RESOURCE_EXHAUSTED, f"message of {size} bytes")
-                self._reset(stream, NO_ERROR)
+                self._abort(stream, GRPC_RESOURCE_EXHAUSTED, f"message of {size} bytes")
                 return
             if len(buffer) < 5 + size:
                 return
@@ -364,8 +360,7 @@ class H2Connection(asyncio.Protocol):
                 except Exception:
                     log.exception("ext_proc stream handler failed")
                     stream.handler = None
-                    stream.finish(GRPC_INTERNAL, "internal error")
-                    self._reset(stream, NO_ERROR)
+                    self._abort(stream, GRPC_INTERNAL, "internal error")
                     return
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -410,19 +405,18 @@ class H2Connection(asyncio.Protocol):
         self._last_stream = stream_id
         stream = Stream(self, stream_id, self._peer_window)
         stream.remote_closed = self._header_end_stream
-        if self.goaway_sent or self.server.draining:
-            stream.finish(GRPC_UNAVAILABLE, "server is shutting down")
-            self._reset(stream, REFUSED_STREAM)
+        if self.going_away or self.server.draining:
+            self._abort(stream, GRPC_UNAVAILABLE, "server is shutting down", REFUSED_STREAM)
             return
         if len(self.streams) >= MAX_CONCURRENT_STREAMS:  # what our SETTINGS announced
-            stream.finish(GRPC_RESOURCE_EXHAUSTED, "too many concurrent streams")
-            self._reset(stream, REFUSED_STREAM)
+            self._abort(
+                stream, GRPC_RESOURCE_EXHAUSTED, "too many concurrent streams", REFUSED_STREAM
+            )
             return
         self.streams[stream_id] = stream
         factory = self.server.methods.get(path)
         if factory is None:
-            stream.finish(GRPC_UNIMPLEMENTED, f"unknown method {path[:200]}")
-            self._reset(stream, NO_ERROR)
+            self._abort(stream, GRPC_UNIMPLEMENTED, f"unknown method {path[:200]}")
             return
         stream.handler = factory(stream)
         if stream.remote_closed:
@@ -496,17 +490,11 @@ class H2Connection(asyncio.Protocol):
     # -- sending -----------------------------------------------------------------
 
     def send_data(self, stream: Stream, head: bytes, data: bytes) -> None:
-        size = len(data)
-        if (
-            not self._pending
-            and size <= self._send_window
-            and size <= stream.send_window
-            and size <= self._peer_frame
-        ):
-            self._send_window -= size
-            stream.send_window -= size
-            self._emit(head + frame(DATA, 0, stream.id, data))
-            return
+        if not self._pending:
+            rest = self._write_data(stream, head, data)
+            if rest is None:
+                return
+            head, data = rest
         self._pending.append((stream, head, data, False))
         self._flush_pending()
 
@@ -523,43 +511,41 @@ class H2Connection(asyncio.Protocol):
         if stream.remote_closed:
             self.streams.pop(stream.id, None)
 
-    def _flush_pending(self) -> None:
-        """Write what flow control allows, in order; the rest waits for WINDOW_UPDATE."""
-        pending = self._pending
-        while pending:
-            stream, head, data, is_trailers = pending[0]
-            if is_trailers:
-                self._write_trailers(stream, data)
-            else:
-                size = len(data)
-                if size > self._send_window or size > stream.send_window:
-                    if not self._send_partial(stream, head, data):
-                        return
-                    continue
-                self._send_window -= size
-                stream.send_window -= size
-                if size <= self._peer_frame:
-                    self._emit(head + frame(DATA, 0, stream.id, data))
-                else:
-                    self._emit(head + self._split(stream.id, data))
-            pending.pop(0)
-
-    def _send_partial(self, stream: Stream, head: bytes, data: bytes) -> bool:
-        """Send what the windows allow of the first pending message; False if nothing fits."""
+    def _write_data(self, stream: Stream, head: bytes, data: bytes) -> tuple[bytes, bytes] | None:
+        """Write what the windows allow; the unsent (head, data), or None when all went."""
         room = min(self._send_window, stream.send_window)
         if room <= 0:
-            return False
-        self._send_window -= room
-        stream.send_window -= room
-        self._emit(head + self._split(stream.id, data[:room]))
-        self._pending[0] = (stream, b"", data[room:], False)
-        return True
+            return head, data
+        sent = data[:room]
+        self._send_window -= len(sent)
+        stream.send_window -= len(sent)
+        if len(sent) <= self._peer_frame:
+            self._emit(head + frame(DATA, 0, stream.id, sent))
+        else:
+            step = self._peer_frame
+            chunks = (
+                frame(DATA, 0, stream.id, sent[i : i + step]) for i in range(0, len(sent), step)
+            )
+            self._emit(head + b"".join(chunks))
+        return None if len(sent) == len(data) else (b"", data[room:])
 
-    def _split(self, stream_id: int, data: bytes) -> bytes:
-        step = self._peer_frame
-        return b"".join(
-            frame(DATA, 0, stream_id, data[i : i + step]) for i in range(0, len(data), step)
-        )
+    def _flush_pending(self) -> None:
+        """Write what flow control allows, in order per stream; a stream out of window
+        waits for its WINDOW_UPDATE without holding up the others; a reset one is dropped."""
+        kept: list[tuple[Stream, bytes, bytes, bool]] = []
+        blocked: set[int] = set()
+        for entry in self._pending:
+            stream, head, data, is_trailers = entry
+            if stream.reset:
+                continue
+            if stream.id in blocked:
+                kept.append(entry)
+            elif is_trailers:
+                self._write_trailers(stream, data)
+            elif (rest := self._write_data(stream, head, data)) is not None:
+                kept.append((stream, *rest, False))
+                blocked.add(stream.id)
+        self._pending = kept
 
     def _emit(self, chunk: bytes) -> None:
         if self._out is not None:
@@ -567,8 +553,9 @@ class H2Connection(asyncio.Protocol):
         elif self.transport is not None and not self.transport.is_closing():
             self.transport.write(chunk)
 
-    def _reset(self, stream: Stream, code: int) -> None:
-        """Tell the client to stop sending on a stream we have finished."""
+    def _abort(self, stream: Stream, status: int, message: str, code: int = NO_ERROR) -> None:
+        """End a call with an error status, and tell the client to stop sending on it."""
+        stream.finish(status, message)
         self.streams.pop(stream.id, None)
         if not stream.remote_closed:
             stream.remote_closed = True
@@ -583,7 +570,7 @@ class H2Connection(asyncio.Protocol):
             except Exception:
                 log.exception("stream end handler failed")
         if reset:
-            stream.done = True
+            stream.done = stream.reset = True
         elif not stream.done and handler is None:
             stream.finish()
         if reset or stream.trailers_sent:
@@ -600,7 +587,7 @@ class H2Connection(asyncio.Protocol):
 
     def goaway(self, code: int = NO_ERROR, reason: str = "") -> None:
         """Refuse new streams; streams already open run to completion."""
-        self.goaway_sent = True
+        self.going_away = True
         payload = _U32.pack(self._last_stream) + _U32.pack(code) + reason.encode()[:200]
         self._emit(frame(GOAWAY, 0, 0, payload))
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from dataclasses import dataclass
 
 from envoy.config.core.v3 import base_pb2
@@ -30,8 +29,6 @@ from bbr.errors import ApiError, BodyTooLarge, InvalidRequest, NotFound, error_b
 from bbr.request import API_PATHS
 from picker.director import Decision, Director, RequestInfo
 from picker.h2_grpc import Stream
-
-log = logging.getLogger("picker.handlers")
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 # Constant answers are serialized once: the server writes raw bytes.

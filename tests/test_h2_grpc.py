@@ -264,3 +264,23 @@ def test_streams_beyond_the_announced_limit_are_refused(
         (sid, struct.unpack(">I", payload)[0]) for kind, _, sid, payload in frames if kind == 3
     ]
     assert resets == [(3, 7)]  # REFUSED_STREAM on the second stream only
+
+
+def test_a_stream_out_of_window_or_reset_does_not_hold_up_the_others(server: Server) -> None:
+    # The client opens every stream with a zero send window for the server: stream 1's
+    # answer waits; the client resets stream 1 and opens a window on stream 3 only.
+    window_zero = frame(4, 0, 0, struct.pack(">HI", 4, 0))
+    with _raw_connect(server.port) as sock:
+        sock.sendall(
+            PREFACE
+            + window_zero
+            + frame(1, 4, 1, _request_headers(ECHO))
+            + frame(0, 0, 1, b"\x00\x00\x00\x00\x02ab")
+            + frame(1, 4, 3, _request_headers(ECHO))
+            + frame(0, 0, 3, b"\x00\x00\x00\x00\x02cd")
+            + frame(3, 0, 1, struct.pack(">I", 8))  # RST_STREAM CANCEL
+            + frame(8, 0, 3, struct.pack(">I", 100))  # WINDOW_UPDATE on stream 3
+        )
+        frames = _read_frames(sock)
+    data = [(sid, payload) for kind, _, sid, payload in frames if kind == 0]
+    assert data == [(3, b"\x00\x00\x00\x00\x02dc")]
