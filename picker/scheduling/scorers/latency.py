@@ -54,15 +54,16 @@ class PredictedLatency:
         self.batch_capacity = float(batch_capacity)
 
     def score(self, ctx: ScoringContext) -> np.ndarray | float:
-        ttft = predicted_ttft(ctx, self.batch_capacity)
-        ctx.latency = ttft.min() / ttft
-        return ctx.latency
+        return latency_score(ctx, self.batch_capacity)
 
 
-def latency_score(ctx: ScoringContext) -> np.ndarray:
-    """min(ttft) / ttft per candidate: predictedLatency's score, computed once per request."""
+def latency_score(
+    ctx: ScoringContext, batch_capacity: float = DEFAULT_BATCH_CAPACITY
+) -> np.ndarray:
+    """min(ttft) / ttft per candidate: predictedLatency's score, computed once per
+    request whichever of it and the gated tie-breakers asks first."""
     if ctx.latency is None:
-        ttft = predicted_ttft(ctx, DEFAULT_BATCH_CAPACITY)
+        ttft = predicted_ttft(ctx, batch_capacity)
         ctx.latency = ttft.min() / ttft
     return ctx.latency
 
