@@ -21,7 +21,8 @@ import aiohttp
 import orjson
 import yaml
 
-from bench.procs import Child, free_ports, start_child, wait_log_line
+from bench.procs import Child, start_child, wait_log_line
+from picker.ports import free_ports
 
 READY_TIMEOUT_S = 30.0
 

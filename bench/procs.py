@@ -27,20 +27,6 @@ class StartError(RuntimeError):
     """A child exited or did not say it was ready in time; carries its output tail."""
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """Distinct free TCP ports (all bound at once while choosing, so none repeats)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):

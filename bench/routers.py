@@ -37,7 +37,6 @@ from bench.procs import (
     Child,
     StartError,
     descendants,
-    free_ports,
     port_open,
     process_name,
     start_child,
@@ -45,6 +44,7 @@ from bench.procs import (
     wait_until,
 )
 from igw_envoy.binary import envoy_command
+from picker.ports import free_ports
 
 START_TIMEOUT_S = 60.0
 PROBE_TEXT = " ".join(f"probe {i} of the router readiness check" for i in range(40))

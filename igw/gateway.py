@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import socket
 import ssl
 import sys
 import time
@@ -21,6 +20,7 @@ from igw_envoy.atomic import write_atomic
 from igw_envoy.binary import find_envoy
 from igw_envoy.render import write_bootstrap
 from picker.config import ConfigError, GatewayConfig, load_config
+from picker.ports import free_port
 
 log = logging.getLogger("igw.gateway")
 
@@ -29,12 +29,6 @@ LAST_GOOD_FILE = "config.last-good.yaml"  # = picker.app.LAST_GOOD_FILE
 DRAIN_TIMEOUT_S = 30.0
 DRAIN_POLL_S = 0.1
 ACTIVE_REQUESTS_STAT = "http.ingress_https.downstream_rq_active"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def effective_config(config: GatewayConfig, port: int | None) -> GatewayConfig:

@@ -49,6 +49,9 @@ log = logging.getLogger("picker.app")
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 EXT_PROC_PATH = f"/{EXT_PROC_SERVICE}/Process"
+# What gRPC health answers for, on the ext_proc port and the admin port alike
+# (any other service name is NOT_FOUND on both).
+HEALTH_SERVICES = ("", EXT_PROC_SERVICE)
 # Largest ext_proc message accepted: a body at the largest configurable limit, plus framing.
 MAX_EXT_PROC_MESSAGE = 300 << 20
 RELOAD_POLL_S = 1.0
@@ -85,6 +88,7 @@ class PickerApp:
         self.metrics.attach_routing(self.director, self.collector.counters)
         self.metrics.attach(self.datastore, self._process_metrics)
         self.envoy = EnvoyAdmin(self.config.envoy_admin_port)
+        # The admin port's gRPC health: a copy of `_serving`, kept by `_publish_health`.
         self.health = health.aio.HealthServicer()
         self._grpc: H2GrpcServer | None = None
         self._admin: grpc.aio.Server | None = None
@@ -107,8 +111,6 @@ class PickerApp:
         self._http = await self._start_http()
         self._tasks.append(asyncio.create_task(self._watch_config(), name="igw-config-watch"))
         self._tasks.append(asyncio.create_task(self._watch_outliers(), name="igw-outliers"))
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set(EXT_PROC_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "picker serving ext_proc=%s:%d admin=%s:%d metrics=%s:%d pools=%s",
             self.host,
@@ -147,16 +149,37 @@ class PickerApp:
         return server
 
     def _serving(self, service: str) -> int | None:
-        """Health of the ext_proc port: NOT_SERVING once draining, so probes stop early."""
-        if service not in ("", EXT_PROC_SERVICE):
+        """The serving status, the one source for every health answer the picker gives.
+
+        SERVING until `stop_serving`, then NOT_SERVING so probes stop early;
+        None (NOT_FOUND) for a service not in HEALTH_SERVICES. The ext_proc
+        port asks it on every Check; the admin port's servicer holds a copy
+        that `_publish_health` refreshes whenever this can change.
+        """
+        if service not in HEALTH_SERVICES:
             return None
         if self._stopping.is_set():
             return health_pb2.HealthCheckResponse.NOT_SERVING
         return health_pb2.HealthCheckResponse.SERVING
 
+    async def _publish_health(self) -> None:
+        """Copy `_serving` into the admin port's health servicer (call after every change)."""
+        for service in HEALTH_SERVICES:
+            status = self._serving(service)
+            assert status is not None
+            await self.health.set(service, status)
+        if self._stopping.is_set():  # final: the servicer ignores any later set()
+            await self.health.enter_graceful_shutdown()
+
+    async def stop_serving(self) -> None:
+        """Both health ports say NOT_SERVING from now on (the first step of `stop`)."""
+        self._stopping.set()
+        await self._publish_health()
+
     async def _start_admin(self) -> grpc.aio.Server:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         admin_pb2_grpc.add_GatewayAdminServicer_to_server(AdminService(self), server)
+        await self._publish_health()  # before it listens: never an answer the other port lacks
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         server.add_insecure_port(f"{self.host}:{self.config.admin_port}")
         await server.start()
@@ -175,10 +198,8 @@ class PickerApp:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain")
 
     async def _serve_health(self, _request: web.Request) -> web.Response:
-        return web.Response(
-            text="ok" if not self._stopping.is_set() else "draining",
-            status=200 if not self._stopping.is_set() else 503,
-        )
+        serving = self._serving("") == health_pb2.HealthCheckResponse.SERVING
+        return web.Response(text="ok" if serving else "draining", status=200 if serving else 503)
 
     def write_eds(self) -> None:
         """Tell Envoy each pool's members (atomic file replace, watched by Envoy)."""
@@ -382,8 +403,7 @@ class PickerApp:
 
     async def stop(self, drain_timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Stop taking new streams, let open ones (in-flight requests) finish."""
-        self._stopping.set()
-        await self.health.enter_graceful_shutdown()
+        await self.stop_serving()
         for task in self._tasks:
             task.cancel()
         if self._pending is not None:

@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from picker.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = ROOT / ".ci" / "docker-setup"
@@ -79,12 +80,6 @@ def run(
         tail = (proc.stdout + proc.stderr)[-4000:]
         raise CommandError(f"{' '.join(argv)}: exit {proc.returncode}\n{tail}")
     return proc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def docker_cli() -> str | None:

@@ -10,7 +10,6 @@ import contextlib
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,27 +22,9 @@ from typing import Any
 
 import yaml
 
+from picker.ports import free_port, free_ports  # noqa: F401  (free_port: re-exported for the tests)
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports(n: int) -> list[int]:
-    """Distinct free ports (kept bound until all are chosen, so none repeats)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class _LineReader:

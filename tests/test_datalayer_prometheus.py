@@ -33,9 +33,10 @@ from picker.datalayer.prometheus_source import (
 )
 from picker.datalayer.samples import LoraSeries, PodState
 from picker.datalayer.speed import SpeedLearner
-from picker.datalayer.standin import StandInPod, free_port
+from picker.datalayer.standin import StandInPod
 from picker.datalayer.stats import ScrapeCounters
 from picker.datastore import Datastore, Pool
+from picker.ports import free_port
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.scheduler import Scheduler
 

@@ -50,6 +50,7 @@ from igw_envoy import (
 )
 from igw_envoy.tls import generated_files, issue_server_cert, load_ca
 from picker.config import parse_config
+from picker.ports import free_port
 from tests.jwt_keys import es256_token, jwks
 
 try:
@@ -62,12 +63,6 @@ except ImportError:
 BODY_LIMIT = 8 * 1024 * 1024
 POD_NAME = web.AppKey("pod_name", str)
 POLL_S = 0.05
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> float:

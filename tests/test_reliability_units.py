@@ -243,3 +243,48 @@ def test_picker_restart_refuses_a_listener_change_only_igw_serve_can_apply(tmp_p
     again = PickerApp(config_path, tmp_path / "state").config
     assert again.picker_port == first.picker_port  # the running Envoy's picker port
     assert [s.name for s in again.schedulers] == ["a"]
+
+
+# --- the picker's gRPC health -----------------------------------------------------------------
+
+
+async def test_picker_health_is_one_status_on_the_ext_proc_and_admin_ports(tmp_path: Path):
+    """Envoy probes the ext_proc port, Kubernetes the admin port: both must say the same."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from picker.app import EXT_PROC_SERVICE, PickerApp
+    from picker.ports import free_ports
+
+    picker, admin, metrics, envoy_admin = free_ports(4)
+    ports = {"picker": picker, "admin": admin, "metrics": metrics, "envoyAdmin": envoy_admin}
+    config_path = tmp_path / "gw.yaml"
+    config_path.write_text(json.dumps(doc(A, ports=ports)))
+    app = PickerApp(config_path, tmp_path / "state")
+    services = ("", EXT_PROC_SERVICE, "no.such.Service")
+
+    async def answers(port: int) -> dict[str, str]:
+        out = {}
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in services:
+                request = health_pb2.HealthCheckRequest(service=service)
+                try:
+                    reply = await stub.Check(request, timeout=5)
+                except grpc.aio.AioRpcError as error:
+                    out[service] = error.code().name
+                else:
+                    out[service] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return out
+
+    await app.start()
+    try:
+        serving = dict(zip(services, ("SERVING", "SERVING", "NOT_FOUND"), strict=True))
+        assert await answers(picker) == serving
+        assert await answers(admin) == serving
+        await app.stop_serving()  # what stop() does first, before the ports close
+        draining = dict(zip(services, ("NOT_SERVING", "NOT_SERVING", "NOT_FOUND"), strict=True))
+        assert await answers(picker) == draining
+        assert await answers(admin) == draining
+    finally:
+        await app.stop(drain_timeout=0.1)

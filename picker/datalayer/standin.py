@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from typing import Literal
 
 from aiohttp import web
@@ -21,13 +20,6 @@ Mode = Literal["ok", "error", "garbage", "html", "hang"]
 GARBAGE = "vllm:num_requests_waiting{model_name=\"m\" 3\n\x00\x01 not a metrics page }}}\n"
 HTML = "<html><body><h1>502 Bad Gateway</h1></body></html>\n"
 MAX_HANG_S = 60.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free right now (for servers that must be told a port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class StandInPod:
