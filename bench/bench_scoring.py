@@ -30,7 +30,7 @@ from picker.datastore import Pool
 from picker.scheduling import Scheduler, SchedulingRequest
 from picker.scheduling.prefix_index import PrefixIndex
 from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, NEAR_BEST
-from picker.scheduling.state import DEFAULT_OUTPUT_TOKENS
+from picker.scheduling.state import DEFAULT_OUTPUT_TOKENS, SPEED_CLASS_RATIO
 
 SIZES = (10, 100, 1_000, 10_000)
 PROMPT_BLOCKS = 128  # 2,048 tokens × 4 chars / 64-char blocks
@@ -127,6 +127,23 @@ def _median_pos(values: list[float], default: float) -> float:
     return statistics.median(known) if known else default
 
 
+def _slow(d: dict, r: int, ref_spt: float) -> float:
+    return d["spt"][r] / ref_spt if ref_spt > 0 and d["spt"][r] > 0 else 1.0
+
+
+def _python_speed_classes(tps: dict[int, float]) -> dict[int, float]:
+    """Each run of sorted speeds without a gap wider than SPEED_CLASS_RATIO gets its median."""
+    rows = sorted(tps, key=tps.__getitem__)
+    out: dict[int, float] = {}
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or tps[rows[i]] > tps[rows[i - 1]] * SPEED_CLASS_RATIO:
+            median = statistics.median(tps[r] for r in rows[start:i])
+            out.update((r, median) for r in rows[start:i])
+            start = i
+    return out
+
+
 def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, list[float]]:
     cands = [
         r for r in range(d["n"])
@@ -146,6 +163,10 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
     ref_tps = _median_pos([d["prefill_tps"][r] for r in valid_rows], 1000.0)
     ref_step = _median_pos([d["decode_step_s"][r] for r in valid_rows], 0.03)
     ref_spt = _median_pos([d["spt"][r] for r in valid_rows], 0.0)
+    tps_of = _python_speed_classes({
+        r: d["prefill_tps"][r] if d["prefill_tps"][r] > 0 else ref_tps / _slow(d, r, ref_spt)
+        for r in valid_rows
+    })
     queue, running, kv, ttft = [], [], [], []
     cap = float(DEFAULT_BATCH_CAPACITY)
     for i, r in enumerate(cands):
@@ -154,8 +175,8 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
         queue.append(q)
         running.append(d["running"][r] + disp)
         kv.append(min(1.0, max(0.0, 1.0 - d["kv_usage"][r])))
-        slow = d["spt"][r] / ref_spt if ref_spt > 0 and d["spt"][r] > 0 else 1.0
-        tps = d["prefill_tps"][r] if d["prefill_tps"][r] > 0 else ref_tps / slow
+        slow = _slow(d, r, ref_spt)
+        tps = tps_of[r]
         step = d["decode_step_s"][r] if d["decode_step_s"][r] > 0 else ref_step * slow
         since = d["since"][r] if disp > 0 else 0.0
         ahead = max(d["waiting"][r] * d["mean_prompt"], d["backlog"][r])

@@ -15,6 +15,7 @@ from picker.scheduling.context import ScoringContext
 from picker.scheduling.profiles import PROFILES, effective_weights
 from picker.scheduling.registry import SCORERS
 from picker.scheduling.scorers.latency import predicted_ttft
+from picker.scheduling.state import speed_classes
 
 NOW = 1_000.0
 
@@ -167,6 +168,30 @@ def test_predicted_latency_unknown_speed_uses_pool_median_and_observed_speed():
         sched.on_complete(row, req(prompt=950), NOW, duration, True)
     tps, _ = sched.state.speeds(NOW)
     assert tps[3] == pytest.approx(5_000)
+
+
+def test_speed_classes_pool_similar_pods_and_keep_generations_apart():
+    tps = np.array([1_200.0, 9_500.0, 1_510.0, 1_364.0, 0.0, 9_000.0, 1_260.0])
+    rows = np.array([0, 1, 2, 3, 5, 6])  # row 4 is not a pod
+    out = speed_classes(tps, rows)
+    assert out[[0, 2, 3, 6]].tolist() == [1_312.0] * 4  # ±15 % noise: one class, its median
+    assert out[[1, 5]].tolist() == [9_250.0] * 2  # 7x faster: a class of its own
+    assert out[4] == 0.0
+    assert speed_classes(tps, np.array([2])).tolist() == tps.tolist()  # one pod: as learned
+
+
+def test_identical_pods_with_noisy_learned_speeds_are_balanced_by_work():
+    # The same GPUs, read 1,200 and 1,500 tokens/s: taken at face value the "faster"
+    # pod would win with more work queued (1000/1500 = 0.67 s < 900/1200 = 0.75 s).
+    pool = make_pool(2, prefill_tps=[1_500, 1_200], decode_step_s=[0.02] * 2, waiting=[1, 0])
+    sched = Scheduler(pool)
+    sched.on_dispatch(1, req(prompt=900), NOW)
+    sched.state.mean_prompt = 1_000.0
+    tps, _ = sched.state.speeds(NOW)
+    assert tps[0] == tps[1] == pytest.approx(1_350.0)
+    ctx = ScoringContext(pool, sched.state, req(prompt=100), np.arange(2), NOW)
+    ttft = predicted_ttft(ctx, 256.0)
+    assert ttft.tolist() == pytest.approx([1_100 / 1_350 + 0.02, 1_000 / 1_350 + 0.02])
 
 
 def test_predicted_latency_batch_slot_wait():
