@@ -46,7 +46,7 @@ PROFILES: dict[str, ProfileSpec] = {
     "llm-d": ProfileSpec(
         weights={
             "predictedLatency": 3.0,
-            "prefix": 3.0,
+            "prefix": 4.5,
             "queue": 1.0,
             "kvCache": 1.0,
             "loraAffinity": 1.0,
