@@ -51,6 +51,10 @@ class PoolState:
         self.prefix_hit_blocks = 0
         self._version = -1
         self._owners: list[str | None] = []
+        # Prompt tokens sent since each row's last scrape, less requests that ended
+        # before any scrape saw them (they never reach `waiting`). The backlog's
+        # `sent_tokens - fold_sent` counts the same sends but keeps those: the engine's
+        # prompt counter includes them, so the next fold must too. Not one counter.
         self.since_tokens = np.zeros(0)
         self.since_stamp = np.zeros(0)
         self.spt = np.zeros(0)
