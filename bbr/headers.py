@@ -10,6 +10,10 @@ BASE_MODEL_NAME = "x-gateway-base-model-name"
 POOL = "x-gateway-pool"
 
 ROUTING_HEADERS = (DESTINATION_ENDPOINT, MODEL_NAME, BASE_MODEL_NAME, POOL)
+# Set by Envoy itself (fail-open with several pools, the picker unreachable): the
+# body's model, so a route can still find the pool. Stripped like the above.
+FALLBACK_MODEL = "x-gateway-fallback-model"
+STRIPPED_HEADERS = (*ROUTING_HEADERS, FALLBACK_MODEL)
 
 # Client-settable request hints (not routing): honoured, never stripped.
 PRIORITY = "x-gateway-priority"

@@ -737,6 +737,50 @@ def test_picker_down_fail_open_two_pools_ignores_a_client_pool_header(
     assert resp.json()["error"]["type"] == "server_error"
 
 
+def test_picker_down_fail_open_two_pools_routes_by_the_body_model(
+    fleet: Fleet, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Envoy reads the model from the body itself (the Lua fallback filter) and sends the
+    request to that model's pool; a body without a known model is still a 503, and a
+    client's copy of the fallback header decides nothing."""
+    pools = {"a": [fleet["A"]], "b": [fleet["C"]]}
+    document = gateway_config(pools, picker_port=free_port(), failure_mode="open")
+    forged = {hdr.FALLBACK_MODEL: "model-b"}
+    with running_gateway(tmp_path_factory.mktemp("open3"), document) as gw, gw.client() as client:
+        for model, pod in (("model-a", "A"), ("model-b", "C"), ("model-a", "A")):
+            resp = client.post("/v1/chat/completions", json=chat({}, model=model), headers=forged)
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-served-by"] == pod
+        chunked = client.post(  # no content-length: the two-message path
+            "/v1/completions",
+            content=iter([b'{"prompt": "hi", ', b'"model": "model-b"}']),
+            headers={"content-type": "application/json"},
+        )
+        assert chunked.headers["x-served-by"] == "C"
+        escaped = client.post(  # "model" inside a string value is not the key
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": '"model": "model-b"'}], "model": "x"},
+            headers=forged,
+        )
+        assert escaped.status_code == 503, escaped.text
+        resp = client.post("/v1/chat/completions", json=chat({}), headers=forged)
+    assert resp.status_code == 503
+    assert resp.json()["error"]["type"] == "server_error"
+
+
+def test_picker_answer_wins_over_the_body_model_when_fail_open(
+    fleet: Fleet, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With the picker up, the fallback filter is off on the pool routes it answers with."""
+    pools = {"a": [fleet["A"]], "b": [fleet["C"]]}
+    document = gateway_config(pools, picker_port=fleet.picker_port, failure_mode="open")
+    with running_gateway(tmp_path_factory.mktemp("open4"), document) as gw, gw.client() as client:
+        body = chat({"pool": "a", "dest": fleet["A"]}, model="model-b")
+        resp = client.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-served-by"] == "A"
+
+
 # --- JWT --------------------------------------------------------------------
 
 

@@ -117,6 +117,9 @@ def variants(tmp: Path) -> dict[str, dict]:
             tls={"certificateFile": str(user_tls.cert), "keyFile": str(user_tls.key)}
         ),
         "fail_open": document(failureMode="open"),
+        "fail_open_two_pools": document(
+            failureMode="open", bbr={"enabled": True}, schedulers=TWO_POOLS
+        ),
         "no_fallbacks_ipv6": document(
             maxFallbacks=0,
             listener={"address": "::", "port": 9443},
@@ -134,6 +137,7 @@ def variants(tmp: Path) -> dict[str, dict]:
         "jwt_remote",
         "user_tls",
         "fail_open",
+        "fail_open_two_pools",
         "no_fallbacks_ipv6",
     ],
 )
@@ -196,7 +200,26 @@ def test_every_routing_header_is_stripped_early_and_in_the_filter(tmp_path: Path
     early = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
     strip = hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
     for mutations in (early, strip):
-        assert {m["remove"] for m in mutations} == set(hdr.ROUTING_HEADERS)
+        assert {m["remove"] for m in mutations} == set(hdr.ROUTING_HEADERS) | {hdr.FALLBACK_MODEL}
+
+
+def test_body_model_fallback_only_for_fail_open_with_several_pools(tmp_path: Path) -> None:
+    bbr = {"enabled": True}
+    open2 = document(failureMode="open", bbr=bbr, schedulers=TWO_POOLS)
+    names = {}
+    for label, doc in (("open2", open2), ("open1", document(failureMode="open")),
+                       ("closed2", document(bbr=bbr, schedulers=TWO_POOLS))):
+        _, bootstrap = _render(tmp_path / label, doc)
+        names[label] = [f["name"] for f in _hcm(bootstrap)["http_filters"]]
+    assert names["open2"][-2:] == ["envoy.filters.http.lua", "envoy.filters.http.router"]
+    assert "envoy.filters.http.lua" not in names["open1"] + names["closed2"]
+    _, bootstrap = _render(tmp_path / "routes", open2)
+    routes = {r["name"]: r for r in _routes(bootstrap)}
+    for name in ("healthz", *(f"pool_{p['name']}" for p in TWO_POOLS)):
+        assert routes[name]["typed_per_filter_config"]["envoy.filters.http.lua"]["disabled"]
+    for pool in TWO_POOLS:
+        fallback = routes[f"fallback_{pool['name']}_0"]
+        assert fallback["match"]["headers"][0]["string_match"] == {"exact": pool["modelName"]}
 
 
 @pytest.mark.parametrize("mode", ["closed", "open"])

@@ -50,8 +50,11 @@ PREVIOUS_HOSTS_TYPE = (
 )
 BUFFER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
 BUFFER_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
+LUA_TYPE = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
+LUA_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute"
 EXT_PROC = "envoy.filters.http.ext_proc"
 BUFFER = "envoy.filters.http.buffer"
+FALLBACK = "envoy.filters.http.lua"
 
 # TLS 1.2 suites: forward secrecy (ECDHE) and AEAD only. TLS 1.3 suites are
 # fixed by BoringSSL and all qualify.
@@ -188,7 +191,7 @@ def h2_options(body_limit: int) -> dict:
 
 
 def _remove_routing_headers() -> list[dict]:
-    return [{"remove": name} for name in headers.ROUTING_HEADERS]
+    return [{"remove": name} for name in headers.STRIPPED_HEADERS]
 
 
 def early_strip() -> dict:
@@ -295,6 +298,50 @@ def hold_filter(config: GatewayConfig) -> dict:
     }
 
 
+# The body's top-level "model" string, found without a JSON parser (Envoy's Lua has
+# none): a quote inside a JSON string is escaped (\"), so `"model"` followed by `:`
+# can only be a key; names with escapes or over 256 bytes do not match (503 as before).
+FALLBACK_LUA = """
+function envoy_on_request(handle)
+  local body = handle:body()
+  if body == nil then
+    return
+  end
+  local text = body:getBytes(0, body:length())
+  local model = string.match(text, '"model"%s*:%s*"([^"\\\\]+)"')
+  if model ~= nil and #model <= 256 then
+    handle:headers():replace("HEADER", model)
+    handle:clearRouteCache()
+  end
+end
+""".replace("HEADER", headers.FALLBACK_MODEL)
+
+
+def needs_fallback(config: GatewayConfig) -> bool:
+    """Fail-open with several pools: without the picker only the body names the pool."""
+    return config.failure_mode == "open" and len(config.schedulers) > 1
+
+
+def fallback_filter() -> dict:
+    """Fail-open with several pools and the picker unreachable: route by the body's model.
+
+    With one pool the fallback route needs no model. With several, ext_proc
+    failing open leaves no pool chosen; this filter reads the model from the
+    body, sets `x-gateway-fallback-model` and clears the route cache, and a
+    `fallback_route` per pool sends the request to that pool's pods with
+    Envoy's own load balancing. Pool routes (the picker answered) and the
+    health route turn it off, so a healthy gateway never runs it.
+    """
+    return {
+        "name": FALLBACK,
+        "typed_config": {"@type": LUA_TYPE, "default_source_code": {"inline_string": FALLBACK_LUA}},
+    }
+
+
+def _fallback_off() -> dict:
+    return {FALLBACK: {"@type": LUA_ROUTE_TYPE, "disabled": True}}
+
+
 def router_filter() -> dict:
     return {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}}
 
@@ -303,7 +350,10 @@ def http_filters(config: GatewayConfig, inputs: ListenerInputs) -> list[dict]:
     filters = [strip_filter()]
     if config.jwt is not None:
         filters.append(jwt_filter(config.jwt, inputs.jwt_base_dir))
-    filters += [ext_proc_filter(config), hold_filter(config), router_filter()]
+    filters += [ext_proc_filter(config), hold_filter(config)]
+    if needs_fallback(config):
+        filters.append(fallback_filter())
+    filters.append(router_filter())
     return filters
 
 
@@ -356,8 +406,10 @@ def no_pool_route(config: GatewayConfig) -> dict:
     """Requests the picker did not assign to a pool.
 
     One pool: Envoy's own least-request over its members (fail-open keeps
-    serving). Several: there is no safe guess, so a 503 the client can retry
-    (turned into OpenAI JSON by the local-reply mappers).
+    serving). Several: a 503 the client can retry (turned into OpenAI JSON by
+    the local-reply mappers); with fail-open, `fallback_filter` first tries the
+    body's model (`fallback_routes`), so only a body without a known model
+    ends here.
     """
     return {"name": "no_pool", "match": {"prefix": "/"}, **_no_pool_action(config)}
 
@@ -443,11 +495,29 @@ def pool_route(pool: SchedulerConfig, max_fallbacks: int) -> dict:
     }
 
 
+def fallback_routes(pool: SchedulerConfig, max_fallbacks: int) -> list[dict]:
+    """The pool's names (model, adapters) as `fallback_filter` found them in the body."""
+    return [
+        {
+            "name": f"fallback_{pool.name}_{i}",
+            "match": {"prefix": "/", "headers": [_exact(headers.FALLBACK_MODEL, name)]},
+            "route": pool_route_action(pool, max_fallbacks),
+        }
+        for i, name in enumerate((pool.model_name, *pool.lora_adapters))
+    ]
+
+
 def route_config(config: GatewayConfig) -> dict:
-    """Health check, one route per pool on the picker's answer, the one-message routes,
-    then the fallback."""
+    """Health check, one route per pool on the picker's answer, the picker-less
+    fallback routes (fail-open, several pools), the one-message routes, then the
+    fallback."""
     routes = [health_route()]
     routes += [pool_route(pool, config.max_fallbacks) for pool in config.schedulers]
+    if needs_fallback(config):
+        for route in routes:  # the picker answered (or no body matters): no Lua
+            route.setdefault("typed_per_filter_config", {}).update(_fallback_off())
+        for pool in config.schedulers:
+            routes += fallback_routes(pool, config.max_fallbacks)
     routes += [one_message_route(config, path) for path in API_PATHS]
     routes.append(no_pool_route(config))
     return {
