@@ -35,6 +35,7 @@ from tests.test_reliability_support import (
 )
 
 MODEL = "llama-3.1-8b"
+OTHER_MODEL = "qwen3-32b"
 PODS = [{"name": f"p{i}", "gpu": "h100", "model": MODEL} for i in range(3)]
 TIME_SCALE = 2.0  # 8B on H100: ~4 ms per decode step of wall time
 
@@ -321,21 +322,30 @@ def test_envoy_killed_is_restarted(healthy):
     assert all(o.ok for o in result.after(t_kill + fig.values["serving_again_s"] + 0.1))
 
 
-def test_picker_killed_fail_open_keeps_serving_through_pool_members(tmp_path):
-    with sim_fleet(tmp_path, PODS[:2], time_scale=TIME_SCALE) as fleet:
-        config = gateway_config(
-            [{"name": "pool", "modelName": MODEL, "endpoints": fleet.addresses()}],
-            failureMode="open",
+@pytest.mark.parametrize("pools", [1, 2])
+def test_picker_killed_fail_open_keeps_serving_through_pool_members(tmp_path, pools):
+    """One pool: Envoy's own balancing over its members. Two pools (one model each):
+    Envoy finds the pool from the body's model itself (the Lua fallback), so every
+    request still reaches a pod of its own model (the other would answer 404)."""
+    models = [MODEL, OTHER_MODEL][:pools]
+    pods = [{**PODS[0], "model": models[0]}, {**PODS[1], "model": models[-1]}]
+    with sim_fleet(tmp_path, pods, time_scale=TIME_SCALE) as fleet:
+        addresses = fleet.addresses()
+        schedulers = (
+            [{"name": "pool", "modelName": MODEL, "endpoints": addresses}] if pools == 1 else
+            [{"name": f"pool{i}", "modelName": m, "endpoints": [addresses[i]]}
+             for i, m in enumerate(models)]
         )
+        config = gateway_config(schedulers, failureMode="open")
         with gateway(tmp_path, config) as gw:
-            fig = Figures("picker_killed_open")
+            fig = Figures(f"picker_killed_open_{pools}_pools")
             picker = children(gw.proc.pid)["picker"]
             load = Load(
                 gw.url,
                 gw.ca,
                 rate=30,
                 duration=5,
-                body=lambda i: chat_body(MODEL, f"r{i}", 10),
+                body=lambda i: chat_body(models[i % pools], f"r{i}", 10),
                 # a forged destination must not matter, picker or not
                 headers={"x-gateway-destination-endpoint": f"127.0.0.1:{gw.ports['envoyAdmin']}"},
             )
@@ -353,6 +363,9 @@ def test_picker_killed_fail_open_keeps_serving_through_pool_members(tmp_path):
             fig.emit()
             assert not result.failed(), result.failed()[:3]
             assert {o.pod for o in result.outcomes} <= {"p0", "p1"}
+            if pools == 2:
+                assert all(o.pod == f"p{o.index % 2}" for o in result.outcomes)
+                assert len(during) > 0
 
 
 @pytest.mark.parametrize("drain_timeout", [20.0, 0.5])
