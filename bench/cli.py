@@ -137,9 +137,9 @@ async def _run(names: list[str], routers, args: argparse.Namespace, out: Path, w
         runs = await run_scenario(plan, warm, routers, work / name, seed=args.seed,
                                   progress=not args.no_progress)
         failed += sum(1 for r in runs if not r.ok)
-        section, summaries = write_scenario(out, scenario, plan, runs, meta)
+        section, item = write_scenario(out, scenario, plan, runs, meta)
         sections.append(section)
-        headline.append({"scenario": name, "plan": plan, "summaries": summaries})
+        headline.append(item)
     meta["total_wall_s"] = round(time.monotonic() - started, 1)
     report = render_report(meta, sections, headline, full)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,9 +166,9 @@ def rerender(out: Path) -> int:
         scale = doc["time_scale"]
         plan = scenario.plan(meta.get("seed", 0), doc["duration_model_s"] / scale, scale)
         runs = load_runs(doc)
-        section, summaries = write_scenario(out, scenario, plan, runs, meta)
+        section, item = write_scenario(out, scenario, plan, runs, meta)
         sections.append(section)
-        headline.append({"scenario": name, "plan": plan, "summaries": summaries})
+        headline.append(item)
     if not headline:
         print(f"no <scenario>.json in {out}", file=sys.stderr)
         return 1
@@ -221,14 +221,18 @@ def headline_rows(headline: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| scenario (published row) | published Δ p95 / p99 / throughput | gateway llm-d vs "
         "Envoy RR: Δ p95 / p99 / tok/s | best peer vs Envoy RR: Δ p95 / p99 | gateway vs best "
-        "peer: Δ p95 / p99 | best possible vs Envoy RR: Δ p95 / p99 | row met? |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "peer: Δ p95 / p99 | best possible vs Envoy RR: Δ p95 / p99 | perfect-information "
+        "replay: best-ttft vs round-robin Δ p95 / p99 | gateway vs best-ttft: Δ p95 / p99 "
+        "| row met? |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for item in headline:
         sums = {s["router"]: s for s in item["summaries"] if s.get("ok")}
         ours, base = sums.get("igw-llm-d"), sums.get("envoy-rr")
         peer = best_peer(item["summaries"])
         ideal = ideal_ttft(item["plan"])
+        replay = item.get("replay") or {}
+        best, ideal_rr = replay.get("best-ttft"), replay.get("round-robin")
         rows = PUBLISHED.get(item["scenario"], [(item["scenario"], None, None, None, None)])
         for row, pool, p95, p99, thr in rows:
             def fig(s: dict[str, Any] | None, key: str, pool=pool) -> float | None:
@@ -247,6 +251,10 @@ def headline_rows(headline: list[dict[str, Any]]) -> list[str]:
             v99 = change(fig(ours, "ttft_p99"), fig(peer, "ttft_p99"))
             b95 = change(fig(ideal, "ttft_p95"), fig(base, "ttft_p95"))
             b99 = change(fig(ideal, "ttft_p99"), fig(base, "ttft_p99"))
+            r95 = change(fig(best, "ttft_p95"), fig(ideal_rr, "ttft_p95"))
+            r99 = change(fig(best, "ttft_p99"), fig(ideal_rr, "ttft_p99"))
+            g95 = change(fig(ours, "ttft_p95"), fig(best, "ttft_p95"))
+            g99 = change(fig(ours, "ttft_p99"), fig(best, "ttft_p99"))
             published = item["scenario"] in PUBLISHED
             verdicts = [_verdict(d95, p95), _verdict(d99, p99), _verdict_throughput(dtok, thr)]
             met = ("yes" if all(v == "meets" for v in verdicts) else
@@ -258,6 +266,7 @@ def headline_rows(headline: list[dict[str, Any]]) -> list[str]:
                 f"| {pct(d95)} / {pct(d99)} / {pct(dtok)} "
                 f"| {peer['router'] if peer else 'n/a'}: {pct(q95)} / {pct(q99)} "
                 f"| {pct(v95)} / {pct(v99)} | {pct(b95)} / {pct(b99)} "
+                f"| {pct(r95)} / {pct(r99)} | {pct(g95)} / {pct(g99)} "
                 f"| {met if published else 'n/a'} |"
             )
     return lines
@@ -279,7 +288,12 @@ def render_report(meta: dict[str, Any], sections: list[str], headline: list[dict
         "arrivals (negative TTFT = better, positive throughput = better). `best peer` = the "
         "sglang-router / vllm-router policy with the lowest TTFT p95 in that scenario. `best "
         "possible` = every request alone on its pool's fastest pod with shared prompts cached "
-        "(no router can beat it): it bounds the Δ any router can show against this baseline.",
+        "(no router can beat it): it bounds the Δ any router can show against this baseline, "
+        "but ignores queueing. `perfect-information replay` = the same requests through the "
+        "same engine model in virtual time (bench/replay.py): `best-ttft` sends each request "
+        "where its own first token comes soonest, knowing every pod's exact state; "
+        "`round-robin` rotates strictly. Its Δ is what routing one request at a time can win "
+        "in the scenario; `gateway vs best-ttft` is how far the live gateway is from it.",
         "",
         *headline_rows(headline),
         "",

@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from bench.loadgen import Result
+from bench.replay import replay_reference
 from bench.routers import BASELINE
 from bench.runner import RunResult
 from bench.scenarios import Plan, Scenario
@@ -360,7 +361,8 @@ def plot_queues(runs: list[RunResult], title: str, path: Path, time_scale: float
 
 
 def raw_json(scenario: Scenario, plan: Plan, runs: list[RunResult],
-             summaries: list[dict[str, Any]], meta: dict[str, Any]) -> bytes:
+             summaries: list[dict[str, Any]], meta: dict[str, Any],
+             replay: dict[str, Any]) -> bytes:
     """Everything measured, per request in columns (compact)."""
     fields = ("index", "model", "group", "scheduled_s", "lateness_ms", "status", "error",
               "ttft_s", "e2e_s", "output_tokens", "prompt_tokens", "pod", "done_at_s",
@@ -377,6 +379,7 @@ def raw_json(scenario: Scenario, plan: Plan, runs: list[RunResult],
         "meta": meta,
         "summaries": summaries,
         "ideal_ttft": ideal_ttft(plan),
+        "replay": replay,
         "comparison": comparison(summaries),
         "runs": [
             {
@@ -394,7 +397,7 @@ def raw_json(scenario: Scenario, plan: Plan, runs: list[RunResult],
 
 
 def scenario_section(scenario: Scenario, plan: Plan, summaries: list[dict[str, Any]],
-                     plots: dict[str, str]) -> str:
+                     plots: dict[str, str], replay: dict[str, Any]) -> str:
     cal = plan.calibration
     parts = [f"## {scenario.name}: {scenario.title}", ""]
     if scenario.rows:
@@ -429,6 +432,7 @@ def scenario_section(scenario: Scenario, plan: Plan, summaries: list[dict[str, A
         f"TTFT p50 {_fmt_s(ideal['ttft_p50'])}, p95 {_fmt_s(ideal['ttft_p95'])}, p99 "
         f"{_fmt_s(ideal['ttft_p99'])}{bound}."
     )
+    parts.append(replay_line(replay, summaries))
     parts += ["", scenario_table(summaries), ""]
     if len(plan.pools) > 1:
         parts += ["Per pool (Δ vs Envoy round-robin):", "", pool_table(summaries, plan), ""]
@@ -450,11 +454,40 @@ def scenario_section(scenario: Scenario, plan: Plan, summaries: list[dict[str, A
     return "\n".join(parts)
 
 
+def replay_line(replay: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
+    """The perfect-information replay's figures and how far the live gateway is from them."""
+    figs = "; ".join(
+        f"{policy} {_fmt_s(r['ttft_p95'])} / {_fmt_s(r['ttft_p99'])}"
+        for policy, r in replay.items()
+    )
+    ours = next((x for x in summaries if x["router"] == "igw-llm-d" and x.get("ok")), None)
+    best = replay.get("best-ttft")
+    gap = ""
+    if ours and best:
+        gap = (f"; live gateway llm-d vs best-ttft: p95 "
+               f"{_fmt_pct(change(ours['ttft_p95'], best['ttft_p95']))}, p99 "
+               f"{_fmt_pct(change(ours['ttft_p99'], best['ttft_p99']))}")
+    line = (f"- Perfect-information replay (the same requests through the same engine model, "
+            f"no clock, exact pod state; bench/replay.py), TTFT p95 / p99: {figs}{gap}.")
+    pools = next((r["per_pool"] for r in replay.values() if "per_pool" in r), None)
+    if pools and ours and "per_pool" in ours:
+        for pool in pools:
+            b, o = replay["best-ttft"]["per_pool"][pool], ours["per_pool"].get(pool)
+            if o:
+                line += (f" `{pool}`: best-ttft {_fmt_s(b['ttft_p95'])} / "
+                         f"{_fmt_s(b['ttft_p99'])}, gateway vs it "
+                         f"{_fmt_pct(change(o['ttft_p95'], b['ttft_p95']))} / "
+                         f"{_fmt_pct(change(o['ttft_p99'], b['ttft_p99']))}.")
+    return line
+
+
 def write_scenario(out_dir: Path, scenario: Scenario, plan: Plan, runs: list[RunResult],
-                   meta: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    """Write <name>.json and the plots; return the markdown section and the summaries."""
+                   meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Write <name>.json and the plots; return the markdown section and the headline item
+    (scenario, plan, summaries, perfect-information replay)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(r, plan) for r in runs]
+    replay = replay_reference(plan)
     plots: dict[str, str] = {}
     cdf = out_dir / f"{scenario.name}-ttft-cdf.png"
     if plot_ttft_cdf(runs, scenario.title, cdf):
@@ -463,8 +496,9 @@ def write_scenario(out_dir: Path, scenario: Scenario, plan: Plan, runs: list[Run
     if plot_queues(runs, scenario.title, queues, plan.time_scale):
         plots["queues"] = queues.name
     (out_dir / f"{scenario.name}.json").write_bytes(
-        raw_json(scenario, plan, runs, summaries, meta))
-    return scenario_section(scenario, plan, summaries, plots), summaries
+        raw_json(scenario, plan, runs, summaries, meta, replay))
+    item = {"scenario": scenario.name, "plan": plan, "summaries": summaries, "replay": replay}
+    return scenario_section(scenario, plan, summaries, plots, replay), item
 
 
 def load_runs(doc: dict[str, Any]) -> list[RunResult]:

@@ -147,8 +147,9 @@ class Engine:
 
     # ----- request API -----------------------------------------------------------------------
 
-    def submit(self, req: SimRequest) -> None:
-        """Queue a request (FCFS) or raise QueueFull / PromptTooLong."""
+    def submit(self, req: SimRequest, at: float | None = None) -> None:
+        """Queue a request (FCFS) or raise QueueFull / PromptTooLong. ``at`` is its arrival in
+        model time for a caller that keeps its own clock (bench/replay.py); default now."""
         if req.prompt_tokens + 1 > self.profile.max_model_len:
             raise PromptTooLong(
                 f"This model's maximum context length is {self.profile.max_model_len} tokens. "
@@ -158,7 +159,7 @@ class Engine:
             self.stats.rejected += 1
             raise QueueFull(f"waiting queue is full ({self.config.max_queue})")
         req.max_tokens = max(1, min(req.max_tokens, self.profile.max_model_len - req.prompt_tokens))
-        req.arrival = self.now()
+        req.arrival = self.now() if at is None else at
         self.waiting.append(req)
         self._wake.set()
 
@@ -189,8 +190,7 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
             start = self._iteration_start()
-            self._iter_start = start
-            duration = self._schedule()
+            duration = self.begin_iteration(start)
             if not self.running:  # nothing admissible right now: wait for a change
                 self._wake.clear()
                 await self._wake.wait()
@@ -199,8 +199,7 @@ class Engine:
             delay = (end - self.now()) / scale - EARLY_WAKE_S
             if delay > 0:
                 await asyncio.sleep(delay)
-            self._complete(start, end)
-            self._last_end = end
+            self.end_iteration(start, end)
 
     def _iteration_start(self) -> float:
         """Model time this iteration starts: right after the previous one while busy, or when
@@ -213,9 +212,12 @@ class Engine:
             return self._last_end  # the loop woke late for an iteration that was due
         return max(self._last_end, min(now, self.waiting[0].arrival))
 
-    def _schedule(self) -> float:
-        """Plan one iteration: grow decoding sequences (preempting if needed), admit waiting
-        requests, and return the iteration's model duration."""
+    def begin_iteration(self, start: float) -> float:
+        """Plan the iteration starting at model time ``start``: grow decoding sequences
+        (preempting if needed), admit waiting requests, and return its model duration. With
+        nothing running afterwards there is nothing to run. ``_run`` drives this in real time;
+        bench/replay.py drives the same model in virtual time."""
+        self._iter_start = start
         preempted = False
         i = 0
         while i < len(self.running):
@@ -290,8 +292,9 @@ class Engine:
             req.cached_tokens = cached
             req.scheduled_at = self._iter_start
 
-    def _complete(self, start: float, end: float) -> None:
-        """End of an iteration: every running sequence gets one token."""
+    def end_iteration(self, start: float, end: float) -> None:
+        """End of the iteration begun at ``start``: every running sequence gets one token."""
+        self._last_end = end
         self.iteration += 1
         stats = self.stats
         itl_batch = 0

@@ -21,7 +21,6 @@ from aiohttp import web
 from simulator import metrics_text, openai_format
 from simulator.engine import (
     Engine,
-    EngineConfig,
     PromptTooLong,
     QueueFull,
     SimRequest,
@@ -51,6 +50,30 @@ POD_HEADER = "x-sim-pod"
 
 class BadRequest(Exception):
     """A request the pod refuses with 400 in vLLM's error shape."""
+
+
+def build_request(body: dict[str, Any], model: str, base_model: str,
+                  chat: bool) -> tuple[SimRequest, str]:
+    """The engine request for a parsed OpenAI body (and its prompt text); shared with
+    bench/replay.py so a replay meets exactly the prompts a live pod would."""
+    text = chat_prompt_text(body.get("messages")) if chat else completion_prompt_text(
+        body.get("prompt"))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    explicit = max_tokens is not None
+    if not explicit:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise BadRequest("max_tokens must be an integer >= 1")
+    req = SimRequest(
+        model=model,
+        adapter=model if model != base_model else None,
+        prompt_tokens=count_tokens(text),
+        hashes=block_hashes(text, model),
+        max_tokens=max_tokens,
+        stream=body.get("stream") is True,
+        explicit_max=explicit,
+    )
+    return req, text
 
 
 class PodServer:
@@ -153,12 +176,7 @@ class PodServer:
                 "faults": self.faults.as_dict(), **self.engine.state()}
 
     def _new_engine(self) -> Engine:
-        spec = self.spec
-        return Engine(EngineConfig(
-            model=spec.model, profile=self.profile, max_num_seqs=spec.max_num_seqs,
-            max_loras=spec.max_loras, max_queue=spec.max_queue,
-            max_num_batched_tokens=spec.max_num_batched_tokens, time_scale=self.time_scale,
-        ))
+        return Engine(self.spec.engine_config(self.profile, self.time_scale))
 
     async def _listen(self) -> None:
         runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None,
@@ -289,7 +307,7 @@ class PodServer:
                 raise BadRequest("'model' must be a string")
             if model not in self._served:
                 return _json(openai_format.model_not_found(model), status=404)
-            req, text = self._build_request(body, model, chat)
+            req, text = build_request(body, model, self.spec.model, chat)
             self.engine.submit(req)
         except (BadRequest, PromptError, PromptTooLong) as e:
             return _error(400, str(e), "BadRequestError")
@@ -302,27 +320,6 @@ class PodServer:
             return await self._respond(req, chat, model, offset)
         finally:
             self.engine.abort(req)  # no-op unless the client left before the end
-
-    def _build_request(self, body: dict[str, Any], model: str,
-                       chat: bool) -> tuple[SimRequest, str]:
-        text = chat_prompt_text(body.get("messages")) if chat else completion_prompt_text(
-            body.get("prompt"))
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        explicit = max_tokens is not None
-        if not explicit:
-            max_tokens = DEFAULT_MAX_TOKENS
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise BadRequest("max_tokens must be an integer >= 1")
-        req = SimRequest(
-            model=model,
-            adapter=model if model != self.spec.model else None,
-            prompt_tokens=count_tokens(text),
-            hashes=block_hashes(text, model),
-            max_tokens=max_tokens,
-            stream=body.get("stream") is True,
-            explicit_max=explicit,
-        )
-        return req, text
 
     async def _stream(self, request: web.Request, req: SimRequest, body: dict[str, Any],
                       chat: bool, model: str, offset: int) -> web.StreamResponse:

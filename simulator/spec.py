@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from simulator.engine import EngineConfig
 from simulator.faults import FaultError, FaultState
 from simulator.profiles import EngineProfile, build_profile
 
@@ -52,6 +53,13 @@ class PodSpec:
     def build_profile(self) -> EngineProfile:
         return build_profile(self.gpu, self.model, model_size=self.model_size,
                              tensor_parallel=self.tensor_parallel, overrides=self.profile)
+
+    def engine_config(self, profile: EngineProfile, time_scale: float = 1.0) -> EngineConfig:
+        return EngineConfig(
+            model=self.model, profile=profile, max_num_seqs=self.max_num_seqs,
+            max_loras=self.max_loras, max_queue=self.max_queue,
+            max_num_batched_tokens=self.max_num_batched_tokens, time_scale=time_scale,
+        )
 
 
 @dataclass(frozen=True)

@@ -240,10 +240,8 @@ def _req(tokens: int, out: int, adapter: str | None = None) -> SimRequest:
 
 def _step(engine: Engine) -> None:
     """One scheduler iteration without the clock (the loop task is never started)."""
-    engine._iter_start = engine._last_end
-    duration = engine._schedule()
-    engine._complete(engine._last_end, engine._last_end + duration)
-    engine._last_end += duration
+    start = engine._last_end
+    engine.end_iteration(start, start + engine.begin_iteration(start))
 
 
 async def test_scheduler_skips_blocked_adapter_but_keeps_fcfs() -> None:
