@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidellm-check", action="store_true",
                    help="cross-check our TTFT against guidellm (bench/guidellm_check.py)")
     p.add_argument("--guidellm", default=None, help="guidellm executable for --guidellm-check")
+    p.add_argument("--replay", action="store_true",
+                   help="print the perfect-information replay (bench/replay.py) of --scenario "
+                        "at --seed without starting any process")
     p.add_argument("--rerender", action="store_true",
                    help="rebuild REPORT.md and plots from the <scenario>.json files in --out "
                         "(default bench/results) without running anything")
@@ -92,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_main((["--out", str(args.out)] if args.out else []) + extra)
     if args.rerender:
         return rerender(args.out or RESULTS)
+    if args.replay:
+        return print_replay(_scenarios(args.scenario), args.seed, args.duration, args.time_scale)
     if args.smoke:
         names = ["tiny"]
         routers = parse_routers(args.routers or "igw-llm-d,envoy-rr")
@@ -146,6 +151,33 @@ async def _run(names: list[str], routers, args: argparse.Namespace, out: Path, w
     (out / "REPORT.md").write_text(report)
     print(f"report: {out / 'REPORT.md'} ({meta['total_wall_s']:.0f} s)", flush=True)
     return 1 if failed else 0
+
+
+def print_replay(names: list[str], seed: int, duration: float | None,
+                 time_scale: float | None) -> int:
+    """One line per scenario (and pool): TTFT p95 / p99 of each replay policy, and best-ttft's
+    change against strict round-robin: what routing alone can win in that plan."""
+    from bench.replay import replay_reference
+
+    for name in names:
+        plan = SCENARIOS[name].plan(seed, duration, time_scale)
+        ref = replay_reference(plan)
+        rows = [(name, ref)]
+        if "per_pool" in ref["round-robin"]:
+            rows += [(f"{name} {pool}", {k: v["per_pool"][pool] for k, v in ref.items()})
+                     for pool in ref["round-robin"]["per_pool"]]
+        for label, figs in rows:
+            rr, best = figs["round-robin"], figs["best-ttft"]
+            cells = "  ".join(f"{k} {v['ttft_p95']:.3f}/{v['ttft_p99']:.3f}s"
+                              for k, v in figs.items())
+            print(f"{label} (seed {seed}, {len(plan.requests)} requests): {cells}  best-ttft vs "
+                  f"round-robin p95 {_signed(rr['ttft_p95'], best['ttft_p95'])} p99 "
+                  f"{_signed(rr['ttft_p99'], best['ttft_p99'])}", flush=True)
+    return 0
+
+
+def _signed(base: float, value: float) -> str:
+    return f"{100.0 * (value - base) / base:+.0f}%"
 
 
 def rerender(out: Path) -> int:

@@ -95,3 +95,14 @@ def test_lora_requests_use_adapter_slots():
     assert None not in rr.ttft_s and None not in best.ttft_s
     # Round-robin queues adapters behind full slots; choosing where they are resident does not.
     assert best.percentiles()["ttft_p95"] < 0.5 * rr.percentiles()["ttft_p95"]
+
+
+def test_cli_prints_the_replay_without_starting_anything(capsys):
+    from bench.cli import main
+
+    assert main(["--replay", "--scenario", "tiny", "--seed", "2"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("tiny (seed 2, ")
+    for policy in POLICIES:
+        assert f"{policy} " in line
+    assert "best-ttft vs round-robin p95 " in line
