@@ -14,7 +14,10 @@ def test_bench_smoke(tmp_path):
     assert code == 0
     report = (out / "REPORT.md").read_text()
     assert "gateway llm-d" in report and "Envoy ROUND_ROBIN" in report
+    assert "Perfect-information replay" in report and "gateway vs best-ttft" in report
     doc = json.loads((out / "tiny.json").read_text())
+    assert set(doc["replay"]) == {"round-robin", "least-work", "best-ttft"}
+    assert doc["replay"]["best-ttft"]["ttft_p95"] <= doc["replay"]["round-robin"]["ttft_p95"]
     by = {s["router"]: s for s in doc["summaries"]}
     assert set(by) == {"igw-llm-d", "envoy-rr"}
     for s in by.values():
