@@ -178,6 +178,12 @@ def test_speed_classes_pool_similar_pods_and_keep_generations_apart():
     assert out[[1, 5]].tolist() == [9_250.0] * 2  # 7x faster: a class of its own
     assert out[4] == 0.0
     assert speed_classes(tps, np.array([2])).tolist() == tps.tolist()  # one pod: as learned
+    # A pod serving hot cached prompts reads ~1.4x its identical neighbours: one class.
+    # An A100 next to A10Gs (2.5x) stays apart.
+    cached = speed_classes(np.array([17_940.0, 13_208.0, 13_208.0, 13_208.0]), np.arange(4))
+    assert cached.tolist() == [13_208.0] * 4
+    apart = speed_classes(np.array([2_600.0, 6_500.0, 2_700.0]), np.arange(3))
+    assert apart.tolist() == [2_650.0, 6_500.0, 2_650.0]
 
 
 def test_identical_pods_with_noisy_learned_speeds_are_balanced_by_work():

@@ -31,7 +31,7 @@ MAX_OUTPUT_TOKENS_ESTIMATE = 8192.0
 SPEED_REFRESH_S = 0.2
 # Learned prefill speeds within this ratio of each other are one speed class
 # (see `speed_classes`).
-SPEED_CLASS_RATIO = 1.25
+SPEED_CLASS_RATIO = 1.5
 # A learned speed with no new observation for SPEED_STALE_S is not trusted: the
 # pod is given the pool median (it may have recovered from whatever made it slow;
 # it gets a few requests, and picker.datalayer.speed re-learns it from them).
@@ -277,15 +277,21 @@ class PoolState:
 def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Prefill speeds with each class of similar pods given the class median.
 
-    The learned prefill speed is noisy: each request's prefill time includes
-    its batch-mates' prompts, so identical pods read ±15 % apart depending on
-    how their recent batches happened to form (measured on four identical
-    A100 pods: 1,200-1,600 tokens/s). Taken at face value that makes the
-    router give the "faster" ones a fifth more work, and in a burst their
-    queues run longest. Pods whose speeds chain within `SPEED_CLASS_RATIO`
-    of each other (sorted, no gap wider than that) form one class and share
-    its median; real generations differ by far more (an H100 prefills 3-14x
-    an A100 or A10G) and stay apart. Runs only when speeds are refreshed.
+    The learned prefill speed is noisy and biased: each request's prefill
+    time includes its batch-mates' prompts, so identical pods read ±15 %
+    apart depending on how their recent batches happened to form (measured
+    on four identical A100 pods: 1,200-1,600 tokens/s); and the engine's
+    prompt-token counts include cached prefixes, so a pod serving a hot
+    system prompt reads up to ~1.4x faster than its identical neighbours
+    (four A10Gs: 17,900 vs 13,200 tokens/s). Taken at face value that gives
+    the "faster" pods more work: in a burst their queues run longest, and
+    with shared prefixes the pod already holding hot prompts attracts the
+    next new prompt too, until it overflows and a hot prompt is copied
+    elsewhere. Pods whose speeds chain within `SPEED_CLASS_RATIO` of each
+    other (sorted, no gap wider than that) form one class and share its
+    median; GPU generations differ by 2.5x or more (an H100 prefills ~3x an
+    A100, an A100 ~2.5x an A10G) and stay apart. Runs only when speeds are
+    refreshed.
     """
     out = tps.copy()
     if len(rows) < 2:
