@@ -158,6 +158,11 @@ def print_replay(names: list[str], seed: int, duration: float | None,
     """One line per scenario (and pool): TTFT p95 / p99 of each replay policy, and best-ttft's
     change against strict round-robin: what routing alone can win in that plan."""
     from bench.replay import replay_reference
+    from bench.report import change
+
+    def signed(key: str, figs: dict[str, Any]) -> str:
+        delta = change(figs["best-ttft"][key], figs["round-robin"][key])
+        return "n/a" if delta is None else f"{delta:+.0f}%"
 
     for name in names:
         plan = SCENARIOS[name].plan(seed, duration, time_scale)
@@ -167,17 +172,12 @@ def print_replay(names: list[str], seed: int, duration: float | None,
             rows += [(f"{name} {pool}", {k: v["per_pool"][pool] for k, v in ref.items()})
                      for pool in ref["round-robin"]["per_pool"]]
         for label, figs in rows:
-            rr, best = figs["round-robin"], figs["best-ttft"]
             cells = "  ".join(f"{k} {v['ttft_p95']:.3f}/{v['ttft_p99']:.3f}s"
                               for k, v in figs.items())
             print(f"{label} (seed {seed}, {len(plan.requests)} requests): {cells}  best-ttft vs "
-                  f"round-robin p95 {_signed(rr['ttft_p95'], best['ttft_p95'])} p99 "
-                  f"{_signed(rr['ttft_p99'], best['ttft_p99'])}", flush=True)
+                  f"round-robin p95 {signed('ttft_p95', figs)} p99 {signed('ttft_p99', figs)}",
+                  flush=True)
     return 0
-
-
-def _signed(base: float, value: float) -> str:
-    return f"{100.0 * (value - base) / base:+.0f}%"
 
 
 def rerender(out: Path) -> int:
