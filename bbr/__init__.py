@@ -1,30 +1,16 @@
 """Body-based routing: parse a request body once, find its pool, hash its prefix.
 
-The lowest layer of the picker's request path; it imports nothing from the picker.
+The first layer of the picker's request path; it imports only `contract`.
 
     req = parse_request(body, path, content_type, content_encoding, limit)
     route = model_map.apply(req)              # ModelNotFound -> 404
     hashes = prefix_hashes(req.model, req.prompt, max_blocks)
 
-Every client-visible failure is an `ApiError`; turn it into a response with
-`error_body` / `error_headers`. Contract and error table: docs/bbr.md.
+Every client-visible failure is a `contract.errors.ApiError`; the handler turns
+it into a response with `error_body` / `error_headers`. Contract and error
+table: docs/bbr.md.
 """
 
-from bbr.errors import (
-    ApiError,
-    BodyTooLarge,
-    InvalidRequest,
-    ModelNotFound,
-    NoReadyEndpoint,
-    NotFound,
-    Overloaded,
-    QueueTimeout,
-    Unauthorized,
-    UnsupportedContentEncoding,
-    UnsupportedMediaType,
-    error_body,
-    error_headers,
-)
 from bbr.model_map import ModelMap, Route
 from bbr.prefix import BLOCK_CHARS, DEFAULT_MAX_BLOCKS, model_seed, prefix_hashes
 from bbr.request import (
@@ -44,22 +30,9 @@ __all__ = [
     "DEFAULT_MAX_TOKENS",
     "MAX_NESTING",
     "PROMPT_CHAR_CAP",
-    "ApiError",
-    "BodyTooLarge",
     "InferenceRequest",
-    "InvalidRequest",
     "ModelMap",
-    "ModelNotFound",
-    "NoReadyEndpoint",
-    "NotFound",
-    "Overloaded",
-    "QueueTimeout",
     "Route",
-    "Unauthorized",
-    "UnsupportedContentEncoding",
-    "UnsupportedMediaType",
-    "error_body",
-    "error_headers",
     "max_nesting_depth",
     "model_seed",
     "parse_request",

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from bbr.errors import ModelNotFound
 from bbr.request import InferenceRequest
+from contract.errors import ModelNotFound
 
 __all__ = ["OWNED_BY", "ModelMap", "Route"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bbr.errors import (
+from contract.errors import (
     BodyTooLarge,
     InvalidRequest,
     NotFound,

@@ -18,15 +18,8 @@ from typing import Any
 
 import orjson
 
-from bbr import (
-    DEFAULT_MAX_BLOCKS,
-    ModelMap,
-    Overloaded,
-    error_body,
-    error_headers,
-    parse_request,
-    prefix_hashes,
-)
+from bbr import DEFAULT_MAX_BLOCKS, ModelMap, parse_request, prefix_hashes
+from contract.errors import Overloaded, error_body, error_headers
 
 SIZES = {"1KB": 1024, "16KB": 16 * 1024, "256KB": 256 * 1024}
 PATH = "/v1/chat/completions"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from picker.config import GatewayConfig, MetricsConfig, SchedulerConfig
+from contract.config import GatewayConfig, MetricsConfig, SchedulerConfig
 from picker.datalayer.collector import CollectorOptions, MetricsCollector
 from picker.datalayer.engines import profile_for
 from picker.datalayer.parser import MetricsParser

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from picker.config import SchedulerConfig
+from contract.config import SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling import Scheduler, SchedulingRequest
 from picker.scheduling.prefix_index import PrefixIndex

@@ -10,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from picker.config import ConfigError, GatewayConfig, load_config
+from contract.config import ConfigError, GatewayConfig, load_config
 
 ADMIN_DEFAULT = "127.0.0.1:9003"
 

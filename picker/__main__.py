@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from contract.config import ConfigError
 from picker.app import PickerApp
-from picker.config import ConfigError
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

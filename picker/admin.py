@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from bbr.errors import ApiError
+from contract.errors import ApiError
 from picker.director import RequestInfo
 from proto import admin_pb2, admin_pb2_grpc
 

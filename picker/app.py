@@ -30,11 +30,12 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.core import Metric
 
+from contract.config import ConfigError, GatewayConfig, load_config_text
+from contract.endpoints import EndpointError, resolve_endpoints
 from igw_envoy.atomic import write_atomic
-from igw_envoy.eds import EndpointError, cluster_name, resolve_endpoints, write_endpoints
+from igw_envoy.eds import cluster_name, write_endpoints
 from igw_envoy.xds import write_dynamic
 from picker.admin import AdminService
-from picker.config import ConfigError, GatewayConfig, load_config_text
 from picker.datalayer.collector import Collector
 from picker.datastore import Datastore
 from picker.director import Director

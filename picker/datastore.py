@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from igw_envoy.eds import resolve_endpoints
-from picker.config import GatewayConfig, SchedulerConfig
+from contract.config import GatewayConfig, SchedulerConfig
+from contract.endpoints import resolve_endpoints
 
 INITIAL_CAPACITY = 16
 MAX_ADAPTERS = 64

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bbr import headers as hdr
-from bbr.errors import ApiError, InvalidRequest, NoReadyEndpoint, Overloaded
 from bbr.model_map import ModelMap
 from bbr.prefix import prefix_hashes
 from bbr.request import parse_request
-from picker.config import GatewayConfig
+from contract import headers as hdr
+from contract.config import GatewayConfig
+from contract.errors import ApiError, InvalidRequest, NoReadyEndpoint, Overloaded
 from picker.datastore import Datastore, Pool
 from picker.gateway_metrics import GatewayMetrics
 from picker.scheduling.admission import AdmissionQueue

@@ -24,9 +24,17 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2
 
-from bbr import headers as hdr
-from bbr.errors import ApiError, BodyTooLarge, InvalidRequest, NotFound, error_body, error_headers
 from bbr.request import API_PATHS
+from contract import headers as hdr
+from contract.errors import (
+    ApiError,
+    BodyTooLarge,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    error_body,
+    error_headers,
+)
 from picker.director import Decision, Director, RequestInfo
 from picker.h2_grpc import Stream
 
@@ -41,15 +49,6 @@ CONTINUE_RESPONSE_HEADERS = ext_proc.ProcessingResponse(
 _MODELS_PATHS = frozenset({"/v1/models", "/models"})
 # Envoy's key for the attributes in ProcessingRequest, whatever the filter is named.
 _ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
-
-
-class MethodNotAllowed(ApiError):
-    """405: the inference paths take POST only (OpenAI answers the same)."""
-
-    status = 405
-    error_type = "invalid_request_error"
-    code = "method_not_allowed"
-    extra_headers = (("allow", "POST"),)
 
 
 @dataclass(slots=True)
@@ -92,7 +91,7 @@ def _read_headers(header_map: base_pb2.HeaderMap) -> _Headers:
 
 def _read_attributes(request: ext_proc.ProcessingRequest) -> _Headers:
     """`_read_headers` for a stream that starts with the body: the same values, from
-    the attributes Envoy sent with it (bbr.headers.REQUEST_ATTRIBUTES). The route
+    the attributes Envoy sent with it (contract.headers.REQUEST_ATTRIBUTES). The route
     that skips the headers message admits POST only."""
     out = _Headers(method="POST")
     for key, value in request.attributes[_ATTRIBUTES_KEY].fields.items():

@@ -1,11 +1,11 @@
-"""bbr.errors: status, OpenAI-shaped body and headers for every client-visible error."""
+"""contract.errors: status, OpenAI-shaped body and headers for every client-visible error."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from bbr.errors import (
+from contract.errors import (
     ApiError,
     BodyTooLarge,
     InvalidRequest,

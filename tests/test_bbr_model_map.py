@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from bbr.errors import ModelNotFound, error_body
 from bbr.model_map import ModelMap, Route
 from bbr.request import parse_request
+from contract.errors import ModelNotFound, error_body
 
 POOLS = [
     ("llama-pool", "llama-3.1-8b", ["sql-lora", "chat-lora"]),

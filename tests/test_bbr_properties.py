@@ -14,7 +14,6 @@ import orjson
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bbr.errors import ApiError
 from bbr.request import (
     API_PATHS,
     MAX_NESTING,
@@ -23,6 +22,7 @@ from bbr.request import (
     max_nesting_depth,
     parse_request,
 )
+from contract.errors import ApiError
 
 PATHS = [*API_PATHS, "/v1/other"]
 FIELDS = [

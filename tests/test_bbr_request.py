@@ -8,14 +8,6 @@ from typing import Any
 import orjson
 import pytest
 
-from bbr.errors import (
-    ApiError,
-    BodyTooLarge,
-    InvalidRequest,
-    NotFound,
-    UnsupportedContentEncoding,
-    UnsupportedMediaType,
-)
 from bbr.request import (
     DEFAULT_MAX_TOKENS,
     MAX_NESTING,
@@ -24,6 +16,14 @@ from bbr.request import (
     InferenceRequest,
     max_nesting_depth,
     parse_request,
+)
+from contract.errors import (
+    ApiError,
+    BodyTooLarge,
+    InvalidRequest,
+    NotFound,
+    UnsupportedContentEncoding,
+    UnsupportedMediaType,
 )
 
 CHAT = "/v1/chat/completions"

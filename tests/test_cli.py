@@ -93,8 +93,8 @@ def test_render_envoy_output_validates(tmp_path):
     rendered.write_text(out.stdout)
     assert "envoy.filters.http.ext_proc" in out.stdout
     # The printed config refers to TLS/SDS/EDS files a real run writes; write them, then validate.
+    from contract.config import load_config
     from igw_envoy.render import write_bootstrap
-    from picker.config import load_config
 
     validate_config(write_bootstrap(load_config(path), tmp_path / "s"))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from picker.config import ConfigError, load_config, load_config_text, parse_config
+from contract.config import ConfigError, load_config, load_config_text, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "hyperpod-example.yaml"

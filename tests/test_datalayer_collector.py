@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 import pytest
 
-from picker.config import BbrConfig, GatewayConfig, MetricsConfig, SchedulerConfig
+from contract.config import BbrConfig, GatewayConfig, MetricsConfig, SchedulerConfig
 from picker.datalayer.collector import CollectorOptions, MetricsCollector, next_delay
 from picker.datalayer.columns import fresh_mask
 from picker.datalayer.samples import LoraSeries, PodState

@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from picker.config import BbrConfig, GatewayConfig, MetricsConfig, SchedulerConfig
+from contract.config import BbrConfig, GatewayConfig, MetricsConfig, SchedulerConfig
 from picker.datalayer.collector import CollectorOptions, MetricsCollector
 from picker.datalayer.engines import VLLM, Signal
 from picker.datalayer.prometheus_source import (

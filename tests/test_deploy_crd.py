@@ -24,7 +24,7 @@ import jsonschema
 import pytest
 import yaml
 
-from picker.config import ConfigError, parse_config
+from contract.config import ConfigError, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_PATH = ROOT / "deploy" / "crd" / "inferencegatewayconfigs.yaml"
@@ -342,7 +342,7 @@ def test_schema_covers_exactly_the_picker_fields():
         "metrics",
         "saturation",
     }
-    from picker.config import ENGINE_TYPES, FAILURE_MODES, SCHEDULER_PROFILES, WEIGHT_NAMES
+    from contract.config import ENGINE_TYPES, FAILURE_MODES, SCHEDULER_PROFILES, WEIGHT_NAMES
 
     assert tuple(sched["scheduler"]["enum"]) == SCHEDULER_PROFILES
     assert tuple(sched["engineType"]["enum"]) == ENGINE_TYPES

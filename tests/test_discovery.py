@@ -35,7 +35,7 @@ import yaml
 from aiohttp import web
 from lightkube import AsyncClient, KubeConfig
 
-from picker.config import GatewayConfig, parse_config
+from contract.config import GatewayConfig, parse_config
 from picker.datastore import Datastore
 from picker.discovery import start_discovery
 from picker.discovery.config_resource import user_document

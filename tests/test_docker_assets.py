@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from picker.config import load_config
+from contract.config import load_config
 from tests.docker_env import METRICS_MODULE, defined_series, exposed
 
 ROOT = Path(__file__).resolve().parent.parent

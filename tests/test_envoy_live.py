@@ -40,7 +40,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import json_format, struct_pb2
 
-from bbr import headers as hdr
+from contract import headers as hdr
+from contract.config import parse_config
 from igw_envoy import (
     EnvoyProcess,
     cluster_name,
@@ -49,7 +50,6 @@ from igw_envoy import (
     write_endpoints,
 )
 from igw_envoy.tls import generated_files, issue_server_cert, load_ca
-from picker.config import parse_config
 from picker.ports import free_port
 from tests.jwt_keys import es256_token, jwks
 

@@ -18,10 +18,11 @@ import pytest
 import yaml
 from cryptography import x509
 
-from bbr import headers as hdr
 from bbr.request import API_PATHS
+from contract import headers as hdr
+from contract.config import GatewayConfig, parse_config
+from contract.endpoints import EndpointError, resolve_endpoint
 from igw_envoy import (
-    EndpointError,
     EnvoyConfigError,
     EnvoyNotFoundError,
     cluster_name,
@@ -31,14 +32,12 @@ from igw_envoy import (
     generated_files,
     read_endpoints,
     render_bootstrap,
-    resolve_endpoint,
     validate_config,
     write_bootstrap,
     write_endpoints,
 )
 from igw_envoy.eds import eds_path
 from igw_envoy.listener import PROCESSING_MODE, decimal_at_most
-from picker.config import GatewayConfig, parse_config
 from picker.datastore import Pool
 
 

@@ -11,7 +11,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from google.protobuf import struct_pb2
 
-from bbr import headers as hdr
+from contract import headers as hdr
 from picker.director import RequestInfo
 from picker.handlers import CONTINUE_HEADERS, ExtProcHandler, route_response
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.config import parse_config
 from igw.gateway import _stat_value
 from igw.supervisor import ChildSpec, Supervisor
 from igw_envoy.render import default_paths, render_bootstrap, write_bootstrap
 from igw_envoy.xds import cds_path, rds_path, write_dynamic, written_versions
 from picker.app import restart_only_changes, union_config
-from picker.config import parse_config
 from picker.datalayer.speed import forget_weight
 from picker.datastore import SPEED_STALE_S, Datastore
 from picker.envoy_admin import ejected, parse_clusters
@@ -220,8 +220,8 @@ def test_stat_value():
 
 
 def test_picker_restart_with_a_broken_config_file_uses_the_last_good_one(tmp_path: Path):
+    from contract.config import ConfigError
     from picker.app import PickerApp
-    from picker.config import ConfigError
 
     config_path = tmp_path / "gw.yaml"
     config_path.write_text(json.dumps(doc(A, B)))

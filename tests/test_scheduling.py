@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from picker.config import MetricsConfig, SchedulerConfig
+from contract.config import MetricsConfig, SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling import NoCandidates, Scheduler, SchedulingRequest, build_profile
 from picker.scheduling.context import ScoringContext

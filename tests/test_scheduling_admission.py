@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from bbr.errors import NoReadyEndpoint, Overloaded, QueueTimeout
-from picker.config import SaturationConfig, SchedulerConfig
+from contract.config import SaturationConfig, SchedulerConfig
+from contract.errors import NoReadyEndpoint, Overloaded, QueueTimeout
 from picker.datastore import Pool
 from picker.scheduling import AdmissionQueue, Scheduler, SchedulingRequest, pool_saturated
 from picker.scheduling.saturation import saturated_pods

@@ -8,8 +8,8 @@ from collections import Counter
 
 import httpx
 
+from contract.config import GatewayConfig, SchedulerConfig
 from igw.admin_client import list_pools
-from picker.config import GatewayConfig, SchedulerConfig
 from picker.datastore import Datastore
 from picker.discovery import static
 from picker.discovery.static import StaticResolver, has_names

@@ -26,7 +26,7 @@ ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "127.0.0.1"}
 
 
 def gateway_urls(config_path: str) -> list[str]:
-    from picker.config import load_config
+    from contract.config import load_config
 
     config = load_config(config_path)
     host = ANY_ADDRESS.get(config.listen_address, config.listen_address)

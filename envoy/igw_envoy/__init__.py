@@ -5,7 +5,6 @@ Public API:
     write_bootstrap(config, state_dir, ...) -> Path envoy.yaml + TLS + SDS + EDS files
     render_yaml(config, state_dir, ...) -> str      what `igw render-envoy` prints
     write_endpoints(eds_dir, cluster_name, addresses)  pool membership for Envoy
-    resolve_endpoint(address) -> list[str]          the ip:port form override_host matches
     ensure_self_signed(state_dir, hosts) -> TlsFiles  (clients trust TlsFiles.ca_cert)
     generated_files(state_dir) -> TlsFiles           where the generated files live
     find_envoy(), validate_config(path), EnvoyProcess
@@ -20,14 +19,7 @@ from igw_envoy.binary import (
     find_envoy,
     validate_config,
 )
-from igw_envoy.eds import (
-    EndpointError,
-    cluster_name,
-    eds_path,
-    read_endpoints,
-    resolve_endpoint,
-    write_endpoints,
-)
+from igw_envoy.eds import cluster_name, eds_path, read_endpoints, write_endpoints
 from igw_envoy.process import EnvoyProcess, EnvoyStartError
 from igw_envoy.sds import write_secret
 from igw_envoy.tls import TlsFiles, ensure_self_signed, generated_files
@@ -61,7 +53,6 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "EndpointError",
     "EnvoyConfigError",
     "EnvoyNotFoundError",
     "EnvoyProcess",
@@ -78,7 +69,6 @@ __all__ = [
     "read_endpoints",
     "render_bootstrap",
     "render_yaml",
-    "resolve_endpoint",
     "validate_config",
     "write_bootstrap",
     "write_endpoints",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bbr import headers
+from contract import headers
 from igw_envoy.eds import eds_path
 
 UPSTREAM_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"

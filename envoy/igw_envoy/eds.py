@@ -6,31 +6,21 @@ file when a file is renamed into the directory (within a second, DESIGN §8).
 The renderer writes the first version from the config's static endpoints;
 the picker calls `write_endpoints` whenever discovery changes a pool.
 
-EDS endpoints must be IP addresses (an EDS cluster never resolves names), and
-the `override_host` load balancer matches `x-gateway-destination-endpoint`
-against those IPs. So DNS names are resolved here, at write time, with
-`socket.getaddrinfo`, and the picker must put the same resolved form in the
-header: `resolve_endpoint` is the one mapping both sides use.
+EDS endpoints must be IP addresses, so names are resolved at write time with
+`contract.endpoints.resolve_endpoints`, the same mapping the picker uses for
+the header it sets.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import logging
-import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from contract.endpoints import format_endpoint, resolve_endpoints, split_endpoint
 from igw_envoy.atomic import write_atomic
 
-log = logging.getLogger(__name__)
-
 CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-
-
-class EndpointError(ValueError):
-    """An endpoint that is not `host:port`, or a name that does not resolve."""
 
 
 def cluster_name(scheduler_name: str) -> str:
@@ -41,63 +31,6 @@ def cluster_name(scheduler_name: str) -> str:
 def eds_path(eds_dir: Path, cluster: str) -> Path:
     """The watched EDS file of one cluster."""
     return Path(eds_dir) / f"{cluster}.json"
-
-
-def split_endpoint(address: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` → (host without brackets, port)."""
-    host, sep, port = address.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise EndpointError(f"expected host:port, got {address!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-def format_endpoint(ip: str, port: int) -> str:
-    """The `ip:port` / `[v6]:port` spelling that override_host matches on."""
-    parsed = ipaddress.ip_address(ip)
-    return f"[{parsed.compressed}]:{port}" if parsed.version == 6 else f"{parsed}:{port}"
-
-
-def resolve_endpoint(address: str) -> list[str]:
-    """Canonical `ip:port` strings for one configured address.
-
-    An IP literal maps to itself (normalised). A name maps to every address of
-    the first family getaddrinfo returns: a headless-service name gives all
-    its pods, and `localhost` does not become two members (127.0.0.1 and ::1)
-    of which one may have no listener.
-    """
-    host, port = split_endpoint(address)
-    try:
-        return [format_endpoint(host, port)]
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise EndpointError(f"cannot resolve {host!r}: {exc.strerror}") from None
-    family = infos[0][0]
-    ips = [str(info[4][0]).split("%", 1)[0] for info in infos if info[0] == family]
-    return [format_endpoint(ip, port) for ip in dict.fromkeys(ips)]
-
-
-def resolve_endpoints(addresses: Iterable[str]) -> list[tuple[str, str]]:
-    """(`ip:port`, configured address) pairs, deduplicated; unresolvable names are skipped.
-
-    Skipping (with a warning) rather than failing keeps a pool's other members
-    serving when one name is briefly unresolvable; discovery will write the
-    file again on its next change.
-    """
-    out: dict[str, str] = {}
-    for address in addresses:
-        try:
-            resolved = resolve_endpoint(address)
-        except EndpointError as exc:
-            log.warning("EDS: skipping endpoint %s: %s", address, exc)
-            continue
-        for endpoint in resolved:
-            out.setdefault(endpoint, address)
-    return list(out.items())
 
 
 def load_assignment(cluster: str, addresses: Sequence[str]) -> dict:

@@ -14,7 +14,7 @@ import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from picker.config import JwtConfig
+from contract.config import JwtConfig
 
 PROVIDER = "igw"
 JWKS_CLUSTER = "jwks"

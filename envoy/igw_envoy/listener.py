@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bbr import headers
 from bbr.request import API_PATHS
+from contract import headers
+from contract.config import GatewayConfig, SchedulerConfig
 from igw_envoy import replies
 from igw_envoy.clusters import PICKER_CLUSTER
 from igw_envoy.eds import cluster_name
 from igw_envoy.jwt import HEALTH_PATH, jwt_filter
 from igw_envoy.sds import sds_config
-from picker.config import GatewayConfig, SchedulerConfig
 
 HCM_TYPE = (
     "type.googleapis.com/"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from contract.config import ConfigError, GatewayConfig, load_config
 from igw_envoy.binary import validate_config
 from igw_envoy.clusters import picker_cluster
 from igw_envoy.eds import cluster_name, eds_path, write_endpoints
@@ -27,7 +28,6 @@ from igw_envoy.listener import ListenerInputs, listener
 from igw_envoy.sds import write_secret
 from igw_envoy.tls import TlsFiles, ensure_self_signed, generated_files, reload_dir
 from igw_envoy.xds import cds_config, pool_clusters, write_dynamic, written_versions
-from picker.config import ConfigError, GatewayConfig, load_config
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ import hashlib
 import json
 from pathlib import Path
 
+from contract.config import GatewayConfig
 from igw_envoy.atomic import write_atomic
 from igw_envoy.clusters import pool_cluster
 from igw_envoy.eds import cluster_name
-from picker.config import GatewayConfig
 
 CDS_SUBDIR = "cds"
 RDS_SUBDIR = "rds"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from picker.config import MetricsConfig
+from contract.config import MetricsConfig
 from picker.datalayer.columns import write_snapshot
 from picker.datalayer.engines import profile_for
 from picker.datalayer.parser import MetricsParseError, MetricsSnapshot, parser_for

@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from picker.config import ConfigError, GatewayConfig, parse_config
+from contract.config import ConfigError, GatewayConfig, parse_config
 
 GROUP = "inference-gateway.io"
 VERSION = "v1alpha1"

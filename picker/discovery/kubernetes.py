@@ -46,7 +46,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 
-from picker.config import GatewayConfig
+from contract.config import GatewayConfig
 from picker.datastore import Datastore
 from picker.discovery.config_resource import (
     GROUP,

@@ -15,7 +15,7 @@ import ipaddress
 import logging
 from collections.abc import Callable
 
-from igw_envoy.eds import resolve_endpoints, split_endpoint
+from contract.endpoints import resolve_endpoints, split_endpoint
 from picker.datastore import Datastore
 
 log = logging.getLogger("picker.discovery.static")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from bbr.errors import NoReadyEndpoint, Overloaded, QueueTimeout
+from contract.errors import NoReadyEndpoint, Overloaded, QueueTimeout
 
 __all__ = ["NoCandidates", "NoReadyEndpoint", "Overloaded", "QueueTimeout"]
 

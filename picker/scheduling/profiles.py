@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from picker.config import SchedulerConfig
+from contract.config import SchedulerConfig
 from picker.scheduling import scorers as _scorers  # noqa: F401  (registers the scorers)
 from picker.scheduling.filters import FreshMetrics, LoraCapable, NotDraining, Ready
 from picker.scheduling.pickers import MaxScore, Picker, Random, RoundRobin

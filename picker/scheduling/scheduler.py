@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from picker.config import SchedulerConfig
+from contract.config import SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling.context import ScoringContext
 from picker.scheduling.errors import NoCandidates

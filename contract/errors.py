@@ -20,6 +20,7 @@ __all__ = [
     "ApiError",
     "BodyTooLarge",
     "InvalidRequest",
+    "MethodNotAllowed",
     "ModelNotFound",
     "NoReadyEndpoint",
     "NotFound",
@@ -102,6 +103,15 @@ class NotFound(ApiError):
     status = 404
     error_type = "invalid_request_error"
     code = "unknown_url"
+
+
+class MethodNotAllowed(ApiError):
+    """405: the inference paths take POST only (OpenAI answers the same)."""
+
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+    extra_headers = (("allow", "POST"),)
 
 
 class ModelNotFound(ApiError):

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from contract.endpoints import EndpointError, check_endpoint
+
 API_VERSIONS = (
     "inference.sagemaker.aws.amazon.com/v1alpha1",
     "inference-gateway.io/v1alpha1",
@@ -213,17 +215,10 @@ def _number(value: Any, path: str, low: float, high: float) -> float:
 def _endpoint(value: Any, path: str) -> str:
     """`host:port` (or `[v6]:port`); the host is kept as written for Envoy to resolve."""
     _typed(value, str, path)
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"{path}: expected host:port, got {value!r}")
-    _port(int(port), path)
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        ipaddress.ip_address(bare)
-    except ValueError:
-        if not re.fullmatch(r"[A-Za-z0-9.-]+", bare):
-            raise ConfigError(f"{path}: bad host in {value!r}") from None
-    return value
+        return check_endpoint(value)
+    except EndpointError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _tls(data: Any, path: str) -> TlsConfig:
