@@ -2,9 +2,11 @@
 
 The HyperPod format is accepted verbatim, so a user of that gateway can bring
 the same file; our additions (static endpoints, metrics source, listener,
-failure mode, admission) live beside its fields. Every default is in this
-module. Validation is strict: an unknown field is an error naming the field,
-because a misspelt weight silently ignored would change routing unnoticed.
+failure mode, admission) live beside its fields. Every default is written
+once, on its dataclass field; the parser reads it from a default instance, and
+every model is keyword-only so a reordered field cannot shift a value.
+Validation is strict: an unknown field is an error naming the field, because
+a misspelt weight silently ignored would change routing unnoticed.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class ConfigError(ValueError):
     """A config problem, worded as one line that names the offending field."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TlsConfig:
     """Certificate for the HTTPS listener; empty means a generated self-signed one."""
 
@@ -58,13 +60,13 @@ class TlsConfig:
     secret_name: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BbrConfig:
     enabled: bool = False
     max_request_body_bytes: int = MAX_BODY_BYTES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JwtConfig:
     issuer: str
     audiences: tuple[str, ...] = ()
@@ -72,7 +74,7 @@ class JwtConfig:
     jwks_file: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MetricsConfig:
     """Where a pool's live signals come from and how fresh they must be."""
 
@@ -84,7 +86,7 @@ class MetricsConfig:
     prometheus_url: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SaturationConfig:
     """When a pod counts as saturated, and what the gateway does when all are."""
 
@@ -94,7 +96,7 @@ class SaturationConfig:
     queue_timeout_s: float = 10.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
     """One model's pool: which pods serve it and how the picker scores them."""
 
@@ -113,10 +115,10 @@ class SchedulerConfig:
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
-    name: str
     schedulers: tuple[SchedulerConfig, ...]
+    name: str = "gateway"
     tls: TlsConfig = field(default_factory=TlsConfig)
     bbr: BbrConfig = field(default_factory=BbrConfig)
     jwt: JwtConfig | None = None
@@ -237,8 +239,9 @@ def _tls(data: Any, path: str) -> TlsConfig:
 
 def _bbr(data: Any, path: str) -> BbrConfig:
     f = _Fields(data, path)
-    enabled = _typed(f.take("enabled", False), bool, f.at("enabled"))
-    limit = f.take("maxRequestBodyBytes", MAX_BODY_BYTES)
+    d = BbrConfig()
+    enabled = _typed(f.take("enabled", d.enabled), bool, f.at("enabled"))
+    limit = f.take("maxRequestBodyBytes", d.max_request_body_bytes)
     _typed(limit, int, f.at("maxRequestBodyBytes"))
     if not 1024 <= limit <= MAX_BODY_BYTES:
         raise ConfigError(
@@ -284,7 +287,14 @@ def _metrics(data: Any, path: str) -> MetricsConfig:
         _typed(url, str, f.at("prometheusUrl"))
     if stale <= interval:
         raise ConfigError(f"{f.at('staleAfter')}: must be longer than interval")
-    return MetricsConfig(source, interval, timeout, stale, metrics_path, url)
+    return MetricsConfig(
+        source=source,
+        interval_s=interval,
+        timeout_s=timeout,
+        stale_after_s=stale,
+        path=metrics_path,
+        prometheus_url=url,
+    )
 
 
 def _saturation(data: Any, path: str) -> SaturationConfig:
@@ -297,7 +307,9 @@ def _saturation(data: Any, path: str) -> SaturationConfig:
     f.done()
     if queue < 0 or size < 0:
         raise ConfigError(f"{path}: queueThreshold and queueSize must not be negative")
-    return SaturationConfig(queue, kv, size, timeout)
+    return SaturationConfig(
+        queue_threshold=queue, kv_cache_threshold=kv, queue_size=size, queue_timeout_s=timeout
+    )
 
 
 def _weights(data: Any, path: str) -> dict[str, float]:
@@ -336,13 +348,14 @@ def _scheduler(data: Any, path: str) -> SchedulerConfig:
     if not isinstance(model, str) or not model:
         raise ConfigError(f"{f.at('modelName')}: required, a non-empty string")
     labels = _model_selector(f.take("modelSelector"), f.at("modelSelector"))
-    port = _port(f.take("targetPort", 8000), f.at("targetPort"))
-    profile = _choice(f.take("scheduler", "llm-d"), SCHEDULER_PROFILES, f.at("scheduler"))
-    engine = _choice(f.take("engineType", "vllm"), ENGINE_TYPES, f.at("engineType"))
+    d = SchedulerConfig(name=name, model_name=model)
+    port = _port(f.take("targetPort", d.target_port), f.at("targetPort"))
+    profile = _choice(f.take("scheduler", d.scheduler), SCHEDULER_PROFILES, f.at("scheduler"))
+    engine = _choice(f.take("engineType", d.engine_type), ENGINE_TYPES, f.at("engineType"))
     weights = _weights(f.take("weights"), f.at("weights"))
     adapters = _string_list(f.take("loraAdapters", []), f.at("loraAdapters"))
-    timeout = parse_duration(f.take("routeTimeout", 300), f.at("routeTimeout"))
-    replicas = _typed(f.take("replicas", 1), int, f.at("replicas"))
+    timeout = parse_duration(f.take("routeTimeout", d.route_timeout_s), f.at("routeTimeout"))
+    replicas = _typed(f.take("replicas", d.replicas), int, f.at("replicas"))
     endpoints_raw = f.take("endpoints", [])
     _typed(endpoints_raw, list, f.at("endpoints"))
     endpoints = tuple(
@@ -354,19 +367,19 @@ def _scheduler(data: Any, path: str) -> SchedulerConfig:
     if not labels and not endpoints:
         raise ConfigError(f"{path}: needs modelSelector.matchLabels or endpoints")
     return SchedulerConfig(
-        name,
-        model,
-        labels,
-        port,
-        profile,
-        engine,
-        weights,
-        adapters,
-        timeout,
-        replicas,
-        endpoints,
-        metrics,
-        saturation,
+        name=name,
+        model_name=model,
+        match_labels=labels,
+        target_port=port,
+        scheduler=profile,
+        engine_type=engine,
+        weights=weights,
+        lora_adapters=adapters,
+        route_timeout_s=timeout,
+        replicas=replicas,
+        endpoints=endpoints,
+        metrics=metrics,
+        saturation=saturation,
     )
 
 
@@ -399,7 +412,7 @@ def _check_unique(schedulers: tuple[SchedulerConfig, ...], path: str) -> None:
 
 def _gateway_fields(f: _Fields) -> dict[str, Any]:
     """Our additions at spec level, for running outside Kubernetes."""
-    d = GatewayConfig(name="", schedulers=())
+    d = GatewayConfig(schedulers=())
     listener = _Fields(f.take("listener"), f.at("listener"))
     address = _typed(listener.take("address", d.listen_address), str, listener.at("address"))
     try:
@@ -442,8 +455,9 @@ def parse_config(doc: Any) -> GatewayConfig:
     if top.take("kind") != KIND:
         raise ConfigError(f"kind: must be {KIND}")
     meta = _Fields(top.take("metadata"), "metadata")
-    name = _typed(meta.take("name", "gateway"), str, "metadata.name")
-    namespace = _typed(meta.take("namespace", "default"), str, "metadata.namespace")
+    d = GatewayConfig(schedulers=())
+    name = _typed(meta.take("name", d.name), str, "metadata.name")
+    namespace = _typed(meta.take("namespace", d.namespace), str, "metadata.namespace")
     for ignored in (
         "labels",
         "annotations",

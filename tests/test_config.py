@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contract.config import ConfigError, load_config, load_config_text, parse_config
+from contract.config import (
+    ConfigError,
+    GatewayConfig,
+    MetricsConfig,
+    SchedulerConfig,
+    load_config,
+    load_config_text,
+    parse_config,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "hyperpod-example.yaml"
@@ -158,3 +166,20 @@ def test_igw_validate_cli(tmp_path):
     assert res.returncode == 1
     assert "spec.schedulers[0].targetPort" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_an_omitted_field_takes_the_models_own_default():
+    """The parser must not carry a second copy of any default."""
+    config = parse_config({
+        "apiVersion": "inference-gateway.io/v1alpha1",
+        "kind": "InferenceGatewayConfig",
+        "spec": {"schedulers": [{"name": "p", "modelName": "m", "endpoints": ["h:1"]}]},
+    })
+    expected = SchedulerConfig(name="p", model_name="m", endpoints=("h:1",))
+    assert config.schedulers == (expected,)
+    assert config == GatewayConfig(schedulers=(expected,))
+
+
+def test_models_are_keyword_only():
+    with pytest.raises(TypeError):
+        MetricsConfig("scrape")  # type: ignore[misc]
