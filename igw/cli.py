@@ -12,7 +12,9 @@ from pathlib import Path
 
 from contract.config import ConfigError, GatewayConfig, load_config
 
-ADMIN_DEFAULT = "127.0.0.1:9003"
+# The config model's defaults, so a flag's default never disagrees with the file's.
+_DEFAULTS = GatewayConfig(schedulers=())
+ADMIN_DEFAULT = f"127.0.0.1:{_DEFAULTS.admin_port}"
 
 
 def _load(path: Path) -> GatewayConfig | None:
@@ -91,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("up", help="gateway + simulated mixed-GPU fleet on an embedded config")
-    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--port", type=int, default=_DEFAULTS.listen_port)
     p.add_argument("--state-dir", type=Path, default=default_state_dir() / "up")
     p.set_defaults(func=_cmd_up)
 
