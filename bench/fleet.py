@@ -22,7 +22,7 @@ import orjson
 import yaml
 
 from bench.procs import Child, start_child, wait_log_line
-from picker.ports import free_ports
+from igw.ports import free_ports
 
 READY_TIMEOUT_S = 30.0
 

@@ -39,7 +39,7 @@ from typing import Any
 from bench.fleet import Pod
 from bench.procs import cpu_seconds, start_child, wait_log_line
 from bench.routers import ROUTERS, Router, versions
-from picker.ports import free_ports
+from igw.ports import free_ports
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "echo-model"

@@ -43,8 +43,8 @@ from bench.procs import (
     wait_log_line,
     wait_until,
 )
+from igw.ports import free_ports
 from igw_envoy.binary import envoy_command
-from picker.ports import free_ports
 
 START_TIMEOUT_S = 60.0
 PROBE_TEXT = " ".join(f"probe {i} of the router readiness check" for i in range(40))

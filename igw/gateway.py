@@ -16,11 +16,11 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contract.config import ConfigError, GatewayConfig, load_config
+from igw.ports import free_port
 from igw.supervisor import ChildSpec, Supervisor, run_until_signalled
 from igw_envoy.atomic import write_atomic
 from igw_envoy.binary import find_envoy
 from igw_envoy.render import write_bootstrap
-from picker.ports import free_port
 
 log = logging.getLogger("igw.gateway")
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from picker.ports import free_port
+from igw.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = ROOT / ".ci" / "docker-setup"

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from picker.ports import free_port, free_ports  # noqa: F401  (free_port: re-exported for the tests)
+from igw.ports import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 

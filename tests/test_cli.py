@@ -12,8 +12,9 @@ import sys
 import httpx
 import yaml
 
+from igw.ports import free_port
 from igw_envoy.binary import validate_config
-from tests.procs import _wait_line, free_port, gateway, gateway_config, sim_fleet, stop
+from tests.procs import _wait_line, gateway, gateway_config, sim_fleet, stop
 
 IGW = [sys.executable, "-m", "igw.cli"]
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from contract.config import BbrConfig, GatewayConfig, MetricsConfig, SchedulerConfig
+from igw.ports import free_port
 from picker.datalayer.collector import CollectorOptions, MetricsCollector
 from picker.datalayer.engines import VLLM, Signal
 from picker.datalayer.prometheus_source import (
@@ -36,7 +37,6 @@ from picker.datalayer.speed import SpeedLearner
 from picker.datalayer.standin import StandInPod
 from picker.datalayer.stats import ScrapeCounters
 from picker.datastore import Datastore, Pool
-from picker.ports import free_port
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.scheduler import Scheduler
 

@@ -246,7 +246,7 @@ def test_liveness_command_checks_the_pickers_grpc_health():
     """Run the probe's own command against a gRPC health server: SERVING → 0, else non-zero."""
     command = container(manifests())["livenessProbe"]["exec"]["command"]
     assert command[0] == "python"
-    from tests.procs import free_port
+    from igw.ports import free_port
 
     port = free_port()
     script = command[2].replace("127.0.0.1:9002", f"127.0.0.1:{port}")

@@ -711,7 +711,7 @@ async def test_config_resource_absent_then_created(api: MockApiServer):
 async def test_picker_app_hook(api: MockApiServer, tmp_path, monkeypatch):
     """The real PickerApp: start() starts discovery, members reach the EDS files, stop() ends it."""
     app_module = pytest.importorskip("picker.app", exc_type=ImportError)
-    from tests.procs import free_ports
+    from igw.ports import free_ports
 
     ports = free_ports(4)
     doc = gateway_doc()

@@ -42,6 +42,7 @@ from google.protobuf import json_format, struct_pb2
 
 from contract import headers as hdr
 from contract.config import parse_config
+from igw.ports import free_port
 from igw_envoy import (
     EnvoyProcess,
     cluster_name,
@@ -50,7 +51,6 @@ from igw_envoy import (
     write_endpoints,
 )
 from igw_envoy.tls import generated_files, issue_server_cert, load_ca
-from picker.ports import free_port
 from tests.jwt_keys import es256_token, jwks
 
 try:

@@ -16,7 +16,8 @@ import orjson
 import pytest
 
 from igw.admin_client import list_pools
-from tests.procs import free_port, gateway, gateway_config, sim_fleet
+from igw.ports import free_port
+from tests.procs import gateway, gateway_config, sim_fleet
 from tests.test_reliability_support import envoy_stat
 
 LLAMA = "llama-3.1-8b"

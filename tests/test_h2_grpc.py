@@ -16,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hpack import Encoder
 
+from igw.ports import free_port
 from picker import h2_grpc
 from picker.h2_grpc import (
     GOAWAY,
@@ -26,7 +27,6 @@ from picker.h2_grpc import (
     Stream,
     frame,
 )
-from tests.procs import free_port
 
 ECHO = "/test.Echo/Chat"
 

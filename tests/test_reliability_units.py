@@ -253,8 +253,8 @@ async def test_picker_health_is_one_status_on_the_ext_proc_and_admin_ports(tmp_p
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from igw.ports import free_ports
     from picker.app import EXT_PROC_SERVICE, PickerApp
-    from picker.ports import free_ports
 
     picker, admin, metrics, envoy_admin = free_ports(4)
     ports = {"picker": picker, "admin": admin, "metrics": metrics, "envoyAdmin": envoy_admin}

@@ -1,9 +1,9 @@
 """Free TCP ports, chosen by the OS, for servers that must be told a port up front.
 
-One implementation for every place that starts a server on a port it picks
-itself: the stand-in pod, `igw demo`, the benchmarks and the tests. It lives
-in picker because that is the lowest layer all of them may import (picker
-imports none of igw, bench or tests).
+`igw up` picks every port of its demo fleet and gateway this way; the benchmarks
+and the tests start their servers on ports chosen here too. It lives in igw, the
+layer of its product user (bench and tests may import igw; picker never needs a
+free port).
 """
 
 from __future__ import annotations
