@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 BLOCK_CHARS = 64  # 16 tokens × 4 characters
-DEFAULT_MAX_BLOCKS = 4096  # 256 KiB of prompt text = bbr.request.PROMPT_CHAR_CAP
+DEFAULT_MAX_BLOCKS = 4096  # 256 KiB of prompt text = bbr.prompt.PROMPT_CHAR_CAP
 HASH_DTYPE = np.dtype("<u8")
 DIGEST_SIZE = 8
 

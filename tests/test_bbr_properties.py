@@ -14,14 +14,9 @@ import orjson
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bbr.request import (
-    API_PATHS,
-    MAX_NESTING,
-    PROMPT_CHAR_CAP,
-    InferenceRequest,
-    max_nesting_depth,
-    parse_request,
-)
+from bbr.json_body import MAX_NESTING, max_nesting_depth
+from bbr.prompt import PROMPT_CHAR_CAP
+from bbr.request import API_PATHS, InferenceRequest, parse_request
 from contract.errors import ApiError
 
 PATHS = [*API_PATHS, "/v1/other"]

@@ -8,13 +8,12 @@ from typing import Any
 import orjson
 import pytest
 
+from bbr.json_body import MAX_NESTING, max_nesting_depth
+from bbr.prompt import PROMPT_CHAR_CAP
 from bbr.request import (
     DEFAULT_MAX_TOKENS,
-    MAX_NESTING,
     MAX_TOKENS_LIMIT,
-    PROMPT_CHAR_CAP,
     InferenceRequest,
-    max_nesting_depth,
     parse_request,
 )
 from contract.errors import (
