@@ -12,8 +12,8 @@ from contract.config import MetricsConfig, SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling import NoCandidates, Scheduler, SchedulingRequest, build_profile
 from picker.scheduling.context import ScoringContext
+from picker.scheduling.plugins import SCORERS
 from picker.scheduling.profiles import PROFILES, effective_weights
-from picker.scheduling.registry import SCORERS
 from picker.scheduling.scorers.latency import predicted_ttft
 from picker.scheduling.state import speed_classes
 

@@ -1,8 +1,11 @@
 """Request-path scheduling: filters → scorers → weighted sum → pick, per pool.
 
 Layering (imports only go down): request, state, prefix_index, context →
-registry → filters, scorers/* → pickers → profiles → scheduler; saturation →
-admission. The director owns one `Scheduler` and one `AdmissionQueue` per pool.
+plugins (the Filter, Scorer and Picker interfaces and their registries) →
+filters → scorers/*, and pickers (each plugin registers under its type name) →
+profiles (plugin names, resolved once per configuration) → scheduler;
+saturation → admission. The director owns one `Scheduler` and one
+`AdmissionQueue` per pool. Adding a plugin: docs/extending.md.
 """
 
 from picker.scheduling.admission import AdmissionQueue

@@ -14,37 +14,13 @@ import numpy as np
 
 from picker.datastore import Pool
 from picker.scheduling.context import ScoringContext
-from picker.scheduling.registry import register_filter
+from picker.scheduling.plugins import FILTERS, PodFilter
 
 # How long an adapter the gateway sent to a pod is assumed to stay resident there.
 ADAPTER_MEMORY_S = 60.0
 
 
-class PodFilter:
-    """A filter that does not depend on the request: one mask over the whole table.
-
-    The scheduler ANDs these masks over the full columns in one pass (cheaper
-    than narrowing the candidates filter by filter) and only walks them one
-    by one when it needs reasons (explain) or a fallback.
-    """
-
-    name: ClassVar[str]
-    reason: ClassVar[str]
-    degrade_when_empty: ClassVar[bool] = False
-
-    def mask(self, pool: Pool, now: float) -> np.ndarray:
-        """Boolean over every table row."""
-        raise NotImplementedError
-
-    def keep(self, ctx: ScoringContext) -> np.ndarray:
-        return self.mask(ctx.pool, ctx.now)[ctx.rows]
-
-    def fallback(self, ctx: ScoringContext) -> np.ndarray:
-        """Who may still be routed to, degraded, when this filter would drop everyone."""
-        return np.ones(len(ctx.rows), dtype=bool)
-
-
-@register_filter
+@FILTERS.register
 class Ready(PodFilter):
     """Pods discovery lists and health considers ready."""
 
@@ -55,7 +31,7 @@ class Ready(PodFilter):
         return pool.table.ready
 
 
-@register_filter
+@FILTERS.register
 class NotDraining(PodFilter):
     """Pods being drained finish their requests but get no new ones."""
 
@@ -66,7 +42,7 @@ class NotDraining(PodFilter):
         return ~pool.table.draining
 
 
-@register_filter
+@FILTERS.register
 class FreshMetrics(PodFilter):
     """Pods whose last scrape succeeded within `metrics.staleAfter`.
 
@@ -92,7 +68,7 @@ class FreshMetrics(PodFilter):
         return ctx.pool.table.scrape_failures[ctx.rows] == 0
 
 
-@register_filter
+@FILTERS.register
 class LoraCapable:
     """For an adapter request, drop pods that can take it only by evicting another adapter.
 

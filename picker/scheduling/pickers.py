@@ -6,24 +6,18 @@ Each returns positions into the candidate array: the pick first, then up to
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import numpy as np
+
+from picker.scheduling.plugins import PICKERS
 
 # Totals closer than this are a tie: scores are sums of a few ratios, so
 # smaller differences are arithmetic noise, not preference.
 TIE_EPSILON = 1e-9
 
 
-class Picker(Protocol):
-    name: ClassVar[str]
-    uses_scores: ClassVar[bool]
-
-    def choose(self, totals: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
-        """Positions of the chosen candidates, best first (at most `count`, distinct)."""
-        ...
-
-
+@PICKERS.register
 class MaxScore:
     """Highest total first; ties broken uniformly at random (no herding on equal pods)."""
 
@@ -44,6 +38,7 @@ class MaxScore:
         return np.array(chosen)
 
 
+@PICKERS.register
 class RoundRobin:
     """Cycle over the candidates (baseline; ignores every signal)."""
 
@@ -60,6 +55,7 @@ class RoundRobin:
         return (start + np.arange(min(count, n))) % n
 
 
+@PICKERS.register
 class Random:
     """Uniformly random candidates (baseline)."""
 

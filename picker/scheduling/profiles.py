@@ -1,8 +1,12 @@
 """Scheduler profiles: which filters, which scorers with which weights, which picker.
 
-The config's `scheduler` field names a profile; the config's `weights` then
-override (or add to) that profile's weights, and a weight of 0 removes a
-scorer. See docs/scoring.md for why the llm-d weights are what they are.
+A profile is data: plugin type names (see `plugins`), resolved through the
+registries by `build_profile` when a pool is (re)configured, so the request
+path holds plugin instances and never looks a name up. The config's
+`scheduler` field names a profile; the config's `weights` then override (or
+add to) that profile's weights, and a weight of 0 removes a scorer. See
+docs/scoring.md for why the llm-d weights are what they are, and
+docs/extending.md for adding a plugin.
 """
 
 from __future__ import annotations
@@ -15,15 +19,15 @@ from typing import Any
 import numpy as np
 
 from contract.config import SchedulerConfig
+from picker.scheduling import filters as _filters  # noqa: F401  (registers the filters)
+from picker.scheduling import pickers as _pickers  # noqa: F401  (registers the pickers)
 from picker.scheduling import scorers as _scorers  # noqa: F401  (registers the scorers)
-from picker.scheduling.filters import FreshMetrics, LoraCapable, NotDraining, Ready
-from picker.scheduling.pickers import MaxScore, Picker, Random, RoundRobin
-from picker.scheduling.registry import SCORERS, Filter, Scorer
+from picker.scheduling.plugins import FILTERS, PICKERS, SCORERS, Filter, Picker, Scorer
 
 DEFAULT_PROFILE = "llm-d"
 
-BASE_FILTERS: tuple[type[Any], ...] = (Ready, NotDraining, FreshMetrics)
-SCORING_FILTERS: tuple[type[Any], ...] = (*BASE_FILTERS, LoraCapable)
+BASE_FILTERS: tuple[str, ...] = ("ready", "not-draining", "fresh-metrics")
+SCORING_FILTERS: tuple[str, ...] = (*BASE_FILTERS, "lora")
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,9 @@ class ProfileSpec:
 
     weights: Mapping[str, float]
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    filters: tuple[type[Any], ...] = SCORING_FILTERS
-    picker: type[Any] = MaxScore
+    # Filter names, in order (the first that drops a pod names the reason).
+    filters: tuple[str, ...] = SCORING_FILTERS
+    picker: str = "max-score"
     # Baselines ignore the config's weights: they exist to be compared against.
     accepts_weights: bool = True
 
@@ -73,9 +78,9 @@ PROFILES: dict[str, ProfileSpec] = {
         weights={"leastRequest": 1.0}, filters=BASE_FILTERS, accepts_weights=False
     ),
     "round-robin": ProfileSpec(
-        weights={}, filters=BASE_FILTERS, picker=RoundRobin, accepts_weights=False
+        weights={}, filters=BASE_FILTERS, picker="round-robin", accepts_weights=False
     ),
-    "random": ProfileSpec(weights={}, filters=BASE_FILTERS, picker=Random, accepts_weights=False),
+    "random": ProfileSpec(weights={}, filters=BASE_FILTERS, picker="random", accepts_weights=False),
 }
 
 
@@ -109,21 +114,20 @@ def effective_weights(name: str, user: Mapping[str, float] | None = None) -> dic
 def build_profile(
     name: str = DEFAULT_PROFILE, user_weights: Mapping[str, float] | None = None
 ) -> Profile:
-    """Instantiate profile `name` with the user's weight overrides."""
+    """Instantiate profile `name` with the user's weight overrides; an unknown
+    profile, filter, scorer or picker name raises ValueError naming the known ones."""
     if name not in PROFILES:
         raise ValueError(f"unknown scheduler profile {name!r}; known: {', '.join(PROFILES)}")
     spec = PROFILES[name]
-    scorers = []
-    for scorer_name, weight in effective_weights(name, user_weights).items():
-        cls = SCORERS.get(scorer_name)
-        if cls is None:
-            raise ValueError(f"unknown scorer {scorer_name!r}; known: {', '.join(SCORERS)}")
-        scorers.append((cls(**spec.params.get(scorer_name, {})), weight))
+    scorers = tuple(
+        (SCORERS[scorer](**spec.params.get(scorer, {})), weight)
+        for scorer, weight in effective_weights(name, user_weights).items()
+    )
     return Profile(
         name=name,
-        filters=tuple(f() for f in spec.filters),
-        scorers=tuple(scorers),
-        picker=spec.picker(),
+        filters=tuple(FILTERS[f]() for f in spec.filters),
+        scorers=scorers,
+        picker=PICKERS[spec.picker](),
     )
 
 

@@ -20,7 +20,7 @@ from contract.config import SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling.context import ScoringContext
 from picker.scheduling.errors import NoCandidates
-from picker.scheduling.filters import PodFilter
+from picker.scheduling.plugins import PodFilter
 from picker.scheduling.prefix_index import DEFAULT_BLOCKS_PER_POD
 from picker.scheduling.profiles import Profile, build_profile, profile_for
 from picker.scheduling.request import SchedulingRequest

@@ -35,7 +35,7 @@ import numpy as np
 
 from picker.scheduling.context import ScoringContext
 from picker.scheduling.filters import lora_state
-from picker.scheduling.registry import register_scorer
+from picker.scheduling.plugins import SCORERS
 
 # vLLM's default max_num_seqs; engines do not publish it (see docs/scoring.md).
 DEFAULT_BATCH_CAPACITY = 256
@@ -46,7 +46,7 @@ LORA_LOAD_S = 0.05
 NEAR_BEST = 0.25
 
 
-@register_scorer
+@SCORERS.register
 class PredictedLatency:
     name: ClassVar[str] = "predictedLatency"
 

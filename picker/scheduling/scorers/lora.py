@@ -15,14 +15,14 @@ import numpy as np
 
 from picker.scheduling.context import ScoringContext
 from picker.scheduling.filters import lora_state
-from picker.scheduling.registry import register_scorer
+from picker.scheduling.plugins import SCORERS
 
 RESIDENT = 1.0
 FREE_SLOT = 0.8
 WAITING = 0.6
 
 
-@register_scorer
+@SCORERS.register
 class LoraAffinity:
     name: ClassVar[str] = "loraAffinity"
 

@@ -12,10 +12,10 @@ from typing import ClassVar
 import numpy as np
 
 from picker.scheduling.context import ScoringContext
-from picker.scheduling.registry import register_scorer
+from picker.scheduling.plugins import SCORERS
 
 
-@register_scorer
+@SCORERS.register
 class Prefix:
     name: ClassVar[str] = "prefix"
 

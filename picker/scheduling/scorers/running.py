@@ -14,11 +14,11 @@ from typing import ClassVar
 import numpy as np
 
 from picker.scheduling.context import ScoringContext
-from picker.scheduling.registry import min_max_inverse, register_scorer
+from picker.scheduling.plugins import SCORERS, min_max_inverse
 from picker.scheduling.scorers.latency import near_best
 
 
-@register_scorer
+@SCORERS.register
 class RunningRequests:
     name: ClassVar[str] = "runningRequests"
 
