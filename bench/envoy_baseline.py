@@ -15,7 +15,9 @@ from pathlib import Path
 import yaml
 
 from igw_envoy.clusters import CIRCUIT_LIMIT, UPSTREAM_HTTP_OPTIONS
-from igw_envoy.listener import HCM_TYPE, ROUTER_TYPE, downstream_tls_socket
+from igw_envoy.downstream_tls import downstream_tls_socket
+from igw_envoy.http_filters import ROUTER_TYPE
+from igw_envoy.listener import HCM_TYPE
 
 POLICIES = ("ROUND_ROBIN", "LEAST_REQUEST")
 

@@ -37,7 +37,8 @@ from igw_envoy import (
     write_endpoints,
 )
 from igw_envoy.eds import eds_path
-from igw_envoy.listener import PROCESSING_MODE, decimal_at_most
+from igw_envoy.http_filters import PROCESSING_MODE
+from igw_envoy.routes import decimal_at_most
 from picker.datastore import Pool
 
 

@@ -25,6 +25,7 @@ from contract.config import GatewayConfig
 from igw_envoy.atomic import write_atomic
 from igw_envoy.clusters import pool_cluster
 from igw_envoy.eds import cluster_name
+from igw_envoy.routes import route_config
 
 CDS_SUBDIR = "cds"
 RDS_SUBDIR = "rds"
@@ -72,12 +73,6 @@ def pool_clusters(config: GatewayConfig, eds_dir: Path) -> list[dict]:
     ]
 
 
-def route_configuration(config: GatewayConfig) -> dict:
-    from igw_envoy.listener import route_config  # the listener module imports this one
-
-    return route_config(config)
-
-
 def _document(resources: list[dict], type_url: str) -> tuple[bytes, str]:
     typed = [{"@type": type_url, **r} for r in resources]
     body = json.dumps(typed, sort_keys=True).encode()
@@ -89,7 +84,7 @@ def _document(resources: list[dict], type_url: str) -> tuple[bytes, str]:
 def dynamic_documents(config: GatewayConfig, eds_dir: Path) -> tuple[bytes, bytes, str, str]:
     """(CDS file, RDS file, CDS version, RDS version) for a config; writes nothing."""
     cds, cds_version = _document(pool_clusters(config, eds_dir), CLUSTER_TYPE)
-    rds, rds_version = _document([route_configuration(config)], ROUTE_CONFIG_TYPE)
+    rds, rds_version = _document([route_config(config)], ROUTE_CONFIG_TYPE)
     return cds, rds, cds_version, rds_version
 
 
