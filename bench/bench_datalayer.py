@@ -32,19 +32,12 @@ from contract.config import GatewayConfig, MetricsConfig, SchedulerConfig
 from picker.datalayer.collector import CollectorOptions, MetricsCollector
 from picker.datalayer.engines import profile_for
 from picker.datalayer.parser import MetricsParser
-from picker.datalayer.samples import LoraSeries, PodState, render
 from picker.datastore import Datastore
+from simulator.standin_pages import busy_state, render
 
 RESULTS = Path(__file__).parent / "results" / "datalayer.md"
 PARSER_TARGET_RATIO = 3.0
 COLLECTOR_TARGET = 1000.0
-
-
-def busy_state() -> PodState:
-    state = PodState(waiting=4, running=17, kv_usage=0.42,
-                     lora=[LoraSeries(("sql",), ("chat",), 1.7e9)])
-    state.finish(500, 1200, prefill_s=0.09, queue_s=0.03, itl_s=0.021, output_tokens=180)
-    return state
 
 
 def time_per_call(fn: Callable[[], object], budget_s: float) -> float:
@@ -71,7 +64,7 @@ def bench_parser(engine: str, budget_s: float) -> dict[str, float]:
 
 def start_fleet(count: int, engine: str) -> tuple[subprocess.Popen[str], list[str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "picker.datalayer.standin", "--count", str(count),
+        [sys.executable, "-m", "simulator.standin", "--count", str(count),
          "--engine", engine],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None

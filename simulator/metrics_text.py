@@ -1,4 +1,4 @@
-"""Prometheus exposition text of a pod's /metrics, written by hand.
+"""The /metrics page of a simulated pod, written from its engine's numbers (exposition.py).
 
 A fleet of many pods is scraped every 50 ms by the gateway; building the text directly from
 the engine's numbers costs a few tens of microseconds, where a prometheus_client registry per
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from simulator.engine import Engine
+from simulator.exposition import Page, escape
 from simulator.stats import Histogram
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -20,49 +21,42 @@ GARBLED = (
 )
 
 
-def escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Text(Page):
+    """One scrape's page, every series carrying the pod's own labels after any others.
 
-
-class _Text:
-    """Accumulates exposition lines for one scrape."""
+    Labels are written as f-strings rather than through `label_text`: this runs on every
+    scrape of every pod, and only the model name and adapter names need escaping.
+    """
 
     def __init__(self, labels: str) -> None:
+        super().__init__()
         self.labels = labels  # e.g. 'engine="0",model_name="m"'
-        self.lines: list[str] = []
 
-    def sample(self, name: str, kind: str, help_text: str, value: float, extra: str = "") -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-        self.lines.append(f"{name}{{{extra}{self.labels}}} {float(value)!r}")
+    def gauge(self, name: str, help_text: str, value: float) -> None:
+        self.metric(name, "gauge", help_text, self.labels, value)
+
+    def counter(self, name: str, help_text: str, value: float) -> None:
+        self.metric(name, "counter", help_text, self.labels, value)
 
     def counter_by(self, name: str, help_text: str, label: str, values: dict[str, int]) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} counter")
+        self.head(name, "counter", help_text)
         for key, value in values.items():
-            self.lines.append(f'{name}{{{label}="{escape(key)}",{self.labels}}} {float(value)!r}')
+            self.sample(name, f'{label}="{escape(key)}",{self.labels}', value)
+
+    def info(self, name: str, help_text: str, labels: str) -> None:
+        """A gauge of 1.0 whose labels carry the information, before the pod's own."""
+        self.metric(name, "gauge", help_text, f"{labels},{self.labels}", 1.0)
 
     def histogram(self, name: str, help_text: str, hist: Histogram) -> None:
         key = (self.labels, hist.count)
         cached = hist.rendered.get(name)
         if cached is None or cached[0] != key:
-            cached = hist.rendered[name] = (key, self._histogram_text(name, help_text, hist))
+            part = Page()
+            part.head(name, "histogram", help_text)
+            part.histogram_series(name, self.labels, hist.bounds, hist.cumulative(), hist.sum,
+                                  le_first=True)
+            cached = hist.rendered[name] = (key, "\n".join(part.lines))
         self.lines.append(cached[1])
-
-    def _histogram_text(self, name: str, help_text: str, hist: Histogram) -> str:
-        labels = self.labels
-        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        cumulative = hist.cumulative()
-        for bound, count in zip(hist.bounds, cumulative, strict=False):
-            lines.append(f'{name}_bucket{{le="{bound!r}",{labels}}} {float(count)!r}')
-        lines.append(f'{name}_bucket{{le="+Inf",{labels}}} {float(cumulative[-1])!r}')
-        lines.append(f"{name}_count{{{labels}}} {float(hist.count)!r}")
-        lines.append(f"{name}_sum{{{labels}}} {float(hist.sum)!r}")
-        return "\n".join(lines)
-
-    def encode(self) -> bytes:
-        self.lines.append("")
-        return "\n".join(self.lines).encode()
 
 
 def render(engine: Engine, kind: str) -> bytes:
@@ -73,25 +67,25 @@ def render(engine: Engine, kind: str) -> bytes:
 def render_vllm(engine: Engine) -> bytes:
     stats, kv = engine.stats, engine.kv
     out = _Text(f'engine="0",model_name="{escape(engine.config.model)}"')
-    out.sample("vllm:num_requests_running", "gauge",
-               "Number of requests in model execution batches.", len(engine.running))
-    out.sample("vllm:num_requests_waiting", "gauge",
-               "Number of requests waiting to be processed.", len(engine.waiting))
-    out.sample("vllm:kv_cache_usage_perc", "gauge",
-               "KV-cache usage. 1 means 100 percent usage.", kv.usage)
-    out.sample("vllm:gpu_cache_usage_perc", "gauge",
-               "GPU KV-cache usage. 1 means 100 percent usage.", kv.usage)
-    out.sample("vllm:prefix_cache_queries_total", "counter",
-               "Prefix cache queries, in terms of number of queried tokens.",
-               stats.prefix_queries)
-    out.sample("vllm:prefix_cache_hits_total", "counter",
-               "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_hits)
-    out.sample("vllm:num_preemptions_total", "counter",
-               "Cumulative number of preemption from the engine.", stats.preemptions)
-    out.sample("vllm:prompt_tokens_total", "counter",
-               "Number of prefill tokens processed.", stats.prompt_tokens)
-    out.sample("vllm:generation_tokens_total", "counter",
-               "Number of generation tokens processed.", stats.generation_tokens)
+    out.gauge("vllm:num_requests_running",
+              "Number of requests in model execution batches.", len(engine.running))
+    out.gauge("vllm:num_requests_waiting",
+              "Number of requests waiting to be processed.", len(engine.waiting))
+    out.gauge("vllm:kv_cache_usage_perc",
+              "KV-cache usage. 1 means 100 percent usage.", kv.usage)
+    out.gauge("vllm:gpu_cache_usage_perc",
+              "GPU KV-cache usage. 1 means 100 percent usage.", kv.usage)
+    out.counter("vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                stats.prefix_queries)
+    out.counter("vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_hits)
+    out.counter("vllm:num_preemptions_total",
+                "Cumulative number of preemption from the engine.", stats.preemptions)
+    out.counter("vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.", stats.prompt_tokens)
+    out.counter("vllm:generation_tokens_total",
+                "Number of generation tokens processed.", stats.generation_tokens)
     out.counter_by("vllm:request_success_total", "Count of successfully processed requests.",
                    "finished_reason", stats.success)
     _lora_info(out, engine)
@@ -111,53 +105,44 @@ def render_vllm(engine: Engine) -> bytes:
                   "Histogram of time_per_output_token_seconds per request.", stats.tpot)
     out.histogram("vllm:e2e_request_latency_seconds",
                   "Histogram of e2e request latency in seconds.", stats.e2e)
-    return out.encode()
+    return out.text().encode()
 
 
 def _lora_info(out: _Text, engine: Engine) -> None:
     """One series per adapter-set combination seen recently, valued with the last time it
     was current: a reader keeps the newest series, as with vLLM's own gauge."""
-    out.lines.append("# HELP vllm:lora_requests_info Running stats on lora requests.")
-    out.lines.append("# TYPE vllm:lora_requests_info gauge")
+    out.head("vllm:lora_requests_info", "gauge", "Running stats on lora requests.")
     max_lora = engine.lora.max_loras
     for (running, waiting), stamp in engine.lora_info_series(time.time()):
-        out.lines.append(
-            f'vllm:lora_requests_info{{max_lora="{max_lora}",'
-            f'running_lora_adapters="{escape(running)}",'
-            f'waiting_lora_adapters="{escape(waiting)}"}} {stamp!r}'
-        )
+        out.sample("vllm:lora_requests_info",
+                   f'max_lora="{max_lora}",running_lora_adapters="{escape(running)}",'
+                   f'waiting_lora_adapters="{escape(waiting)}"', stamp)
 
 
 def _cache_config(out: _Text, engine: Engine) -> None:
-    out.lines.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
-    out.lines.append("# TYPE vllm:cache_config_info gauge")
-    out.lines.append(
-        f'vllm:cache_config_info{{block_size="{engine.profile.block_size}",'
-        f'enable_prefix_caching="True",gpu_memory_utilization="0.9",'
-        f'num_gpu_blocks="{engine.kv.num_blocks}",{out.labels}}} 1.0'
-    )
+    out.info("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+             f'block_size="{engine.profile.block_size}",enable_prefix_caching="True",'
+             f'gpu_memory_utilization="0.9",num_gpu_blocks="{engine.kv.num_blocks}"')
 
 
 def render_sglang(engine: Engine) -> bytes:
     stats, kv = engine.stats, engine.kv
     out = _Text(f'model_name="{escape(engine.config.model)}"')
-    out.sample("sglang:num_running_reqs", "gauge", "The number of running requests.",
-               len(engine.running))
-    out.sample("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
-               len(engine.waiting))
-    out.sample("sglang:token_usage", "gauge", "The token usage.", kv.usage)
+    out.gauge("sglang:num_running_reqs", "The number of running requests.",
+              len(engine.running))
+    out.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
+              len(engine.waiting))
+    out.gauge("sglang:token_usage", "The token usage.", kv.usage)
     hit_rate = stats.prefix_hits / stats.prefix_queries if stats.prefix_queries else 0.0
-    out.sample("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", hit_rate)
-    out.sample("sglang:gen_throughput", "gauge", "The generation throughput (token/s).",
-               engine.current_gen_throughput())
-    out.sample("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-               stats.prompt_tokens)
-    out.sample("sglang:generation_tokens_total", "counter",
-               "Number of generation tokens processed.", stats.generation_tokens)
-    out.lines.append("# HELP sglang:cache_config_info KV cache configuration.")
-    out.lines.append("# TYPE sglang:cache_config_info gauge")
-    out.lines.append(f'sglang:cache_config_info{{page_size="{engine.profile.block_size}",'
-                     f'num_pages="{engine.kv.num_blocks}",{out.labels}}} 1.0')
+    out.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", hit_rate)
+    out.gauge("sglang:gen_throughput", "The generation throughput (token/s).",
+              engine.current_gen_throughput())
+    out.counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
+                stats.prompt_tokens)
+    out.counter("sglang:generation_tokens_total",
+                "Number of generation tokens processed.", stats.generation_tokens)
+    out.info("sglang:cache_config_info", "KV cache configuration.",
+             f'page_size="{engine.profile.block_size}",num_pages="{engine.kv.num_blocks}"')
     out.histogram("sglang:time_to_first_token_seconds",
                   "Histogram of time to first token in seconds.", stats.ttft)
     out.histogram("sglang:queue_time_seconds",
@@ -166,4 +151,4 @@ def render_sglang(engine: Engine) -> bytes:
                   "Histogram of inter-token latency in seconds.", stats.itl)
     out.histogram("sglang:e2e_request_latency_seconds",
                   "Histogram of end-to-end request latency in seconds.", stats.e2e)
-    return out.encode()
+    return out.text().encode()

@@ -13,9 +13,9 @@ import pytest
 from contract.config import BbrConfig, GatewayConfig, MetricsConfig, SchedulerConfig
 from picker.datalayer.collector import CollectorOptions, MetricsCollector, next_delay
 from picker.datalayer.columns import fresh_mask
-from picker.datalayer.samples import LoraSeries, PodState
-from picker.datalayer.standin import StandInPod
 from picker.datastore import Datastore, Pool
+from simulator.standin import StandInPod
+from simulator.standin_pages import LoraSeries, PodState
 
 FAST = MetricsConfig(interval_s=0.02, timeout_s=0.3, stale_after_s=1.0)
 WAIT_S = 5.0

@@ -14,7 +14,7 @@ from picker.datalayer.parser import (
     parse_labels,
     parse_metrics,
 )
-from picker.datalayer.samples import LoraSeries, PodState, render, render_vllm
+from simulator.standin_pages import LoraSeries, PodState, render, render_vllm
 
 
 def busy_state() -> PodState:

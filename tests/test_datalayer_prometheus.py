@@ -32,13 +32,13 @@ from picker.datalayer.prometheus_source import (
     fold_answers,
     regex_escape,
 )
-from picker.datalayer.samples import LoraSeries, PodState
 from picker.datalayer.speed import SpeedLearner
-from picker.datalayer.standin import StandInPod
 from picker.datalayer.stats import ScrapeCounters
 from picker.datastore import Datastore, Pool
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.scheduler import Scheduler
+from simulator.standin import StandInPod
+from simulator.standin_pages import LoraSeries, PodState
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
 COMPARED_COLUMNS = ("waiting", "running", "kv_usage", "max_lora", "kv_block_size",

@@ -8,7 +8,6 @@ import pytest
 
 from picker.datalayer.engines import TRTLLM, VLLM, Signal
 from picker.datalayer.parser import MetricsSnapshot, parse_metrics
-from picker.datalayer.samples import PodState, render, render_vllm
 from picker.datalayer.speed import (
     SpeedLearner,
     counter_deltas,
@@ -18,6 +17,7 @@ from picker.datalayer.speed import (
     window_mean,
 )
 from picker.datastore import PodTable
+from simulator.standin_pages import PodState, render, render_vllm
 
 
 def test_counter_deltas_plain_growth() -> None:

@@ -1,20 +1,27 @@
 """Stand-in model-server pods that serve `/metrics` pages you control.
 
 For the data layer's tests and benchmark only: a tiny aiohttp server per pod
-whose page is rendered from a `PodState`, and which can be told to misbehave
-(HTTP 500, garbage, an HTML error page, hanging) or be stopped (connection
-refused) and started again on the same port.
+whose page is rendered from a `PodState` (standin_pages.py), and which can be told
+to misbehave (HTTP 500, garbage, an HTML error page, hanging) or be stopped
+(connection refused) and started again on the same port. Unlike the simulator's
+pods, nothing here models an engine: the page says exactly what the test set.
+
+    python -m simulator.standin --count 64 --engine vllm   (the benchmark's fleet)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import json
+import signal
+import sys
 from typing import Literal
 
 from aiohttp import web
 
-from picker.datalayer.samples import PodState, render
+from simulator.standin_pages import PodState, busy_state, render
 
 Mode = Literal["ok", "error", "garbage", "html", "hang"]
 GARBAGE = "vllm:num_requests_waiting{model_name=\"m\" 3\n\x00\x01 not a metrics page }}}\n"
@@ -88,15 +95,7 @@ async def serve_fleet(count: int, engine: str, host: str = "127.0.0.1") -> None:
     Runs until stdin closes or the process is terminated: the benchmark keeps
     these in a process of their own so only the collector's CPU is measured.
     """
-    import json
-    import signal
-    import sys
-
-    from picker.datalayer.samples import LoraSeries
-
-    state = PodState(waiting=4, running=17, kv_usage=0.42,
-                     lora=[LoraSeries(("sql",), ("chat",), 1.7e9)])
-    state.finish(500, 1200, prefill_s=0.09, queue_s=0.03, itl_s=0.021, output_tokens=180)
+    state = busy_state()
     body = render(engine, state).encode()
     pods = [StandInPod(engine, state, static_body=body, host=host) for _ in range(count)]
     addresses = [await pod.start() for pod in pods]
@@ -111,8 +110,6 @@ async def serve_fleet(count: int, engine: str, host: str = "127.0.0.1") -> None:
 
 
 if __name__ == "__main__":
-    import argparse
-
     parser = argparse.ArgumentParser(description="stand-in pods serving engine /metrics")
     parser.add_argument("--count", type=int, default=16)
     parser.add_argument("--engine", default="vllm")

@@ -1,28 +1,27 @@
-"""Render engine `/metrics` pages from numbers you control.
+"""Engine `/metrics` pages rendered from numbers you control.
 
-Used by the tests, the benchmark and their stand-in pods, so that everything
-that checks the parser and the collectors reads pages shaped like the real
-ones: HELP/TYPE comments, `_created` series, full histogram bucket ladders,
-and the Python runtime and HTTP-server series vLLM's page carries, which the
-gateway must skip. Nothing on the request path imports this module.
+For the data layer's tests, its benchmark and their stand-in pods (standin.py), so
+that everything that checks the parser and the collectors reads pages shaped like
+the real ones: HELP/TYPE comments, `_created` series, full histogram bucket ladders,
+and the Python runtime and HTTP-server series vLLM's page carries, which the gateway
+must skip. The lines are written by exposition.py, the simulator's own writer.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+from simulator.exposition import Page, label_text
+from simulator.stats import REQUEST_LATENCY_BUCKETS as LATENCY_BUCKETS
+from simulator.stats import TOKEN_LATENCY_BUCKETS as TPOT_BUCKETS
+from simulator.stats import TTFT_BUCKETS
+
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 _Histogram = tuple[str, float, float, tuple[float, ...]]  # name, sum, count, buckets
 HTTP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0,
                 3.5, 4.0, 4.5, 5.0, 7.5, 10.0, 30.0, 60.0)
+CREATED = 1.7e9  # the `_created` timestamp of every counter and histogram
 
 
 @dataclass
@@ -81,35 +80,25 @@ class PodState:
             setattr(self, name, 0.0)
 
 
-def fmt(value: float) -> str:
-    """Floats the way prometheus_client writes them."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    body = ",".join(
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-        for k, v in labels.items()
-    )
-    return "{" + body + "}"
+def busy_state() -> PodState:
+    """A pod under steady load: the page the benchmark parses and its stand-in fleet serves."""
+    state = PodState(waiting=4, running=17, kv_usage=0.42,
+                     lora=[LoraSeries(("sql",), ("chat",), 1.7e9)])
+    state.finish(500, 1200, prefill_s=0.09, queue_s=0.03, itl_s=0.021, output_tokens=180)
+    return state
 
 
 class _Page:
+    """Samples by label dict, with `_created` after counters and histograms."""
+
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.page = Page()
 
     def head(self, name: str, kind: str, doc: str) -> None:
-        self.lines.append(f"# HELP {name} {doc}")
-        self.lines.append(f"# TYPE {name} {kind}")
+        self.page.head(name, kind, doc)
 
     def sample(self, name: str, labels: dict[str, str], value: float) -> None:
-        self.lines.append(f"{name}{_labels(labels)} {fmt(value)}")
+        self.page.sample(name, label_text(labels), value)
 
     def gauge(self, name: str, labels: dict[str, str], value: float, doc: str = "") -> None:
         self.head(name, "gauge", doc or name)
@@ -119,7 +108,7 @@ class _Page:
         base = name.removesuffix("_total")
         self.head(base, "counter", doc or name)
         self.sample(name, labels, value)
-        self.sample(f"{base}_created", labels, 1.7e9)
+        self.sample(f"{base}_created", labels, CREATED)
 
     def histogram(self, name: str, labels: dict[str, str], total: float, count: float,
                   buckets: tuple[float, ...], doc: str = "") -> None:
@@ -128,16 +117,14 @@ class _Page:
 
     def histogram_series(self, name: str, labels: dict[str, str], total: float, count: float,
                          buckets: tuple[float, ...]) -> None:
+        """Every request at the mean: each bucket holds all of them or none."""
         mean = total / count if count else 0.0
-        for le in buckets:
-            self.sample(f"{name}_bucket", {**labels, "le": fmt(le)}, count if le >= mean else 0)
-        self.sample(f"{name}_bucket", {**labels, "le": "+Inf"}, count)
-        self.sample(f"{name}_count", labels, count)
-        self.sample(f"{name}_sum", labels, total)
-        self.sample(f"{name}_created", labels, 1.7e9)
+        cumulative = [count if le >= mean else 0 for le in buckets] + [count]
+        self.page.histogram_series(name, label_text(labels), buckets, cumulative, total)
+        self.sample(f"{name}_created", labels, CREATED)
 
     def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+        return self.page.text()
 
 
 def _python_runtime(page: _Page) -> None:
@@ -169,7 +156,7 @@ def _http_server(page: _Page) -> None:
         for h in handlers:
             page.sample(f"{metric}_count", {"handler": h}, 99.0)
             page.sample(f"{metric}_sum", {"handler": h}, 123456.0)
-            page.sample(f"{metric}_created", {"handler": h}, 1.7e9)
+            page.sample(f"{metric}_created", {"handler": h}, CREATED)
     page.head("http_request_duration_highr_seconds", "histogram", "Latency with many buckets.")
     page.histogram_series("http_request_duration_highr_seconds", {}, 50.0, 99.0, HTTP_BUCKETS)
     page.head("http_request_duration_seconds", "histogram", "Latency with only few buckets.")
