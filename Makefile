@@ -34,7 +34,7 @@ test-slow: $(STAMP) system-deps
 test-all: test test-slow
 
 bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[dev,peers]'
+	$(BIN)/pip install -q -e '.[bench,peers]'
 	$(BIN)/igw bench --scenario all
 
 clean:
