@@ -25,7 +25,7 @@ from igw_envoy.render import write_bootstrap
 log = logging.getLogger("igw.gateway")
 
 READY_TIMEOUT_S = 60.0
-LAST_GOOD_FILE = "config.last-good.yaml"  # = picker.app.LAST_GOOD_FILE
+LAST_GOOD_FILE = "config.last-good.yaml"  # = picker.reload.LAST_GOOD_FILE
 DRAIN_TIMEOUT_S = 30.0
 DRAIN_POLL_S = 0.1
 ACTIVE_REQUESTS_STAT = "http.ingress_https.downstream_rq_active"
@@ -55,7 +55,7 @@ def gateway_children(
     current = {"config": first}
 
     def render_restart() -> None:
-        from picker.app import restart_only_changes
+        from picker.reload import restart_only_changes
 
         try:
             config = effective_config(load_config(config_path), port)

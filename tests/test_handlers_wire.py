@@ -13,7 +13,8 @@ from google.protobuf import struct_pb2
 
 from contract import headers as hdr
 from picker.director import RequestInfo
-from picker.handlers import CONTINUE_HEADERS, ExtProcHandler, route_response
+from picker.ext_proc_wire import CONTINUE_HEADERS, route_response
+from picker.handlers import ExtProcHandler
 
 ROUTING = [
     ("x-gateway-pool", "llama"),
@@ -23,7 +24,7 @@ ROUTING = [
 
 
 def test_route_response_wire_format() -> None:
-    wire = route_response(SimpleNamespace(headers=ROUTING))
+    wire = route_response(ROUTING)
     parsed = ext_proc.ProcessingResponse.FromString(wire)
     metadata = struct_pb2.Struct()
     metadata.update({hdr.LB_METADATA_NAMESPACE: dict(ROUTING)})
@@ -131,7 +132,7 @@ def test_body_first_stream_is_routed_like_headers_then_body() -> None:
     ]
     director2, context2 = _run(two)
     director1, context1 = _run([_body(attributes=_attributes(HEADERS))])
-    assert context2.written == [CONTINUE_HEADERS, route_response(SimpleNamespace(headers=ROUTING))]
+    assert context2.written == [CONTINUE_HEADERS, route_response(ROUTING)]
     assert context1.written == context2.written[1:]  # one message, the same answer
     assert director1.infos == director2.infos
     assert director1.infos[0] == RequestInfo(
@@ -207,7 +208,7 @@ async def test_admission_wait_extends_the_timeout_then_routes() -> None:
     director.release.set()
     for _ in range(10):
         await asyncio.sleep(0)
-    assert stream.written[1] == route_response(SimpleNamespace(headers=ROUTING))
+    assert stream.written[1] == route_response(ROUTING)
     call.on_end(reset=False)
     assert director.completed == 1 and stream.finished
 

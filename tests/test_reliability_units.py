@@ -21,10 +21,10 @@ from igw.gateway import _stat_value
 from igw.supervisor import ChildSpec, Supervisor
 from igw_envoy.render import default_paths, render_bootstrap, write_bootstrap
 from igw_envoy.xds import cds_path, rds_path, write_dynamic, written_versions
-from picker.app import restart_only_changes, union_config
 from picker.datalayer.speed import forget_weight
 from picker.datastore import SPEED_STALE_S, Datastore
 from picker.envoy_admin import ejected, parse_clusters
+from picker.reload import restart_only_changes, union_config
 from picker.scheduling.state import PoolState
 
 
@@ -135,10 +135,10 @@ def test_ejected_pod_is_not_ready_until_released(tmp_path: Path):
     app = PickerApp(config_path, tmp_path / "state")
     pool = app.datastore.pools["a"]
     row = pool.pods["127.0.0.1:8001"].row
-    app.apply_outliers(parse_clusters(CLUSTERS))
+    app.outliers.apply(parse_clusters(CLUSTERS))
     assert not pool.table.ready[row]
     assert pool.table.ready[pool.pods["127.0.0.1:8003"].row]
-    app.apply_outliers(parse_clusters(CLUSTERS.replace("/failed_outlier_check", "healthy")))
+    app.outliers.apply(parse_clusters(CLUSTERS.replace("/failed_outlier_check", "healthy")))
     assert pool.table.ready[row]
 
 
