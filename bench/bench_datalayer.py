@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import time
 import timeit
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.procs import Child, start_piped, wait_line
 from contract.config import GatewayConfig, MetricsConfig, SchedulerConfig
 from picker.datalayer.collector import CollectorOptions, MetricsCollector
 from picker.datalayer.engines import profile_for
@@ -38,6 +38,7 @@ from simulator.standin_pages import busy_state, render
 RESULTS = Path(__file__).parent / "results" / "datalayer.md"
 PARSER_TARGET_RATIO = 3.0
 COLLECTOR_TARGET = 1000.0
+FLEET_READY_S = 30.0
 
 
 def time_per_call(fn: Callable[[], object], budget_s: float) -> float:
@@ -62,26 +63,12 @@ def bench_parser(engine: str, budget_s: float) -> dict[str, float]:
             "theirs_us": theirs * 1e6, "ratio": theirs / ours}
 
 
-def start_fleet(count: int, engine: str) -> tuple[subprocess.Popen[str], list[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "simulator.standin", "--count", str(count),
-         "--engine", engine],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        raise RuntimeError("stand-in fleet did not start")
-    return proc, json.loads(line)
-
-
-def stop_fleet(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+def start_fleet(count: int, engine: str) -> tuple[Child, list[str]]:
+    """The stand-in pods in a process of their own; their addresses from its first line."""
+    child = start_piped("stand-in fleet", [sys.executable, "-m", "simulator.standin", "--count",
+                                           str(count), "--engine", engine], stdin_pipe=True)
+    line = wait_line(child, lambda _: True, FLEET_READY_S)
+    return child, json.loads(line)
 
 
 async def measure_collector(addresses: list[str], interval_s: float, warmup_s: float,
@@ -110,11 +97,11 @@ async def measure_collector(addresses: list[str], interval_s: float, warmup_s: f
 
 def bench_collector(pods: int, interval_s: float, warmup_s: float,
                     measure_s: float) -> dict[str, float]:
-    proc, addresses = start_fleet(pods, "vllm")
+    fleet, addresses = start_fleet(pods, "vllm")
     try:
         return asyncio.run(measure_collector(addresses, interval_s, warmup_s, measure_s))
     finally:
-        stop_fleet(proc)
+        fleet.stop()
 
 
 def report(parsers: dict[str, dict[str, float]], collector: dict[str, float]) -> str:

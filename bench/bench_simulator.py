@@ -21,10 +21,8 @@ import argparse
 import asyncio
 import os
 import random
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +32,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+
+from bench.procs import Child, cpu_seconds, start_piped, wait_line
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "simulator.md"
@@ -95,12 +95,13 @@ clock.run(probe(float(sys.argv[1]), int(sys.argv[2])))
 """
 
 
-def start_probe(seconds: float, pods: int) -> subprocess.Popen[str]:
+def start_probe(seconds: float, pods: int) -> Child:
     """A separate process with one timer per pod sleeping like an engine iteration (10-50 ms,
     waking 0.2 ms early) and doing no work: how late this machine wakes such a process during
-    the step (other processes share these cores; long sleeps wake later than short ones)."""
-    return subprocess.Popen([sys.executable, "-c", PROBE, str(seconds), str(pods)], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
+    the step (other processes share these cores; long sleeps wake later than short ones).
+    Its one line of output, the sorted lags in ms, comes when it is done."""
+    return start_piped("timer probe", [sys.executable, "-c", PROBE, str(seconds), str(pods)],
+                       cwd=REPO)
 
 
 def free_port_base(count: int) -> int:
@@ -131,24 +132,23 @@ def fleet_yaml(pods: int, base: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of another process, from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def sim_cpu_s(sim: Child) -> float:
+    """utime + stime of the simulator process; it must still be running."""
+    seconds = cpu_seconds(sim.pid)
+    if seconds is None:
+        raise RuntimeError(f"simulator exited ({sim.proc.poll()}) during the step")
+    return seconds
 
 
-def launch(fleet_file: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "simulator", "--fleet", fleet_file],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    line = proc.stdout.readline()
-    if not line.startswith("simulator ready") or time.monotonic() > deadline:
-        proc.kill()
+def launch(fleet_file: str) -> Child:
+    """The simulator on a fleet file; its first line must be the ready line."""
+    sim = start_piped("simulator", [sys.executable, "-m", "simulator", "--fleet", fleet_file],
+                      log=Path(os.devnull), cwd=REPO)
+    line = wait_line(sim, lambda _: True, READY_TIMEOUT_S)
+    if not line.startswith("simulator ready"):
+        sim.stop()
         raise RuntimeError(f"simulator did not start: {line!r}")
-    return proc
+    return sim
 
 
 def request_bodies(seed: int, count: int) -> list[bytes]:
@@ -231,25 +231,21 @@ def run_step(pods: int, rate: float, seconds: float) -> StepResult:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(fleet_yaml(pods, base))
         fleet_file = f.name
-    proc = launch(fleet_file)
+    sim = launch(fleet_file)
     try:
         urls = [f"http://127.0.0.1:{base + i}/v1/chat/completions" for i in range(pods)]
         asyncio.run(warm_up(urls))
         states0, before = asyncio.run(pod_states(base, pods))
         load_avg = os.getloadavg()[0]
         probe = start_probe(seconds, pods)
-        cpu0, own0 = proc_cpu_s(proc.pid), time.process_time()
+        cpu0, own0 = sim_cpu_s(sim), time.process_time()
         ttfts = asyncio.run(drive(urls, rate, seconds, seed=pods * 1000 + int(rate)))
-        cpu1, own1 = proc_cpu_s(proc.pid), time.process_time()
-        noise = orjson.loads(probe.communicate(timeout=30)[0])
+        cpu1, own1 = sim_cpu_s(sim), time.process_time()
+        noise = orjson.loads(wait_line(probe, lambda _: True, 30))
+        probe.stop()
         states, after = asyncio.run(pod_states(base, pods))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        sim.stop()
         os.unlink(fleet_file)
     lateness = sorted(x for old, new in zip(before, after, strict=True) for x in new[len(old):])
     result = summarize(pods, rate, ttfts, states0, states, lateness, cpu1 - cpu0, own1 - own0,

@@ -1,26 +1,30 @@
-"""Child processes for benchmarks: free ports, start-and-wait, stop by PID, CPU accounting.
+"""Child processes for the benchmarks and the tests: start, wait until ready, stop by PID.
 
-Every process a benchmark starts is started here, in its own session, and stopped here by
-its PID (SIGTERM, then SIGKILL after a grace period): nothing is ever killed by name.
-CPU time is read from /proc (utime + stime of the process and of its descendants), so a
-router made of several processes (the gateway's supervisor, picker and Envoy) can be
-reported per process and in total.
+Every process a benchmark or an integration test starts is started here, in its own
+session, and stopped here by its PID (SIGTERM, then SIGKILL of its session after a grace
+period): nothing is ever killed by name. A child says it is ready by a line, either in
+its log file (`start_child`, `wait_log_line`) or on its piped stdout (`start_piped`,
+`wait_line`). CPU time comes from psutil (utime + stime of each process; a process's
+descendants are found the same way), so a router made of several processes (the
+gateway's supervisor, picker and Envoy) can be reported per process and in total.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import selectors
+import queue
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+import psutil
 
 
 class StartError(RuntimeError):
@@ -35,14 +39,43 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
         return False
 
 
+class _LineReader:
+    """One thread per piped child reading its stdout into a queue (until `discard`).
+
+    A selector on the pipe plus `readline()` on the buffered stream can miss a line:
+    one read may pull two lines into Python's buffer, the selector then waits for the
+    pipe, which has nothing more (measured: the gateway's URL line arrived together
+    with an Envoy access-log line, and the wait timed out after 60 s).
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._discard = False
+        threading.Thread(target=self._run, args=(stream,), daemon=True).start()
+
+    def _run(self, stream: IO[bytes]) -> None:
+        with stream:  # this thread owns the pipe: it closes it at end of output
+            for raw in stream:
+                if not self._discard:
+                    self.lines.put(raw.decode(errors="replace"))
+        self.lines.put(None)
+
+    def discard(self) -> None:
+        """Keep draining the pipe (a full pipe blocks the child) but keep nothing."""
+        self._discard = True
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.lines.get_nowait()
+
+
 @dataclass
 class Child:
-    """One started process; `log` holds its combined stdout/stderr unless piped."""
+    """One started process; `log` holds its output (stderr only when stdout is piped)."""
 
     name: str
     proc: subprocess.Popen[bytes]
     log: Path | None = None
-    started: float = field(default_factory=time.monotonic)
+    reader: _LineReader | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
@@ -59,6 +92,13 @@ class Child:
         except OSError:
             return ""
 
+    def drain(self) -> None:
+        """Keep reading the piped stdout after the ready line, keeping nothing. Envoy's
+        access log goes there under `igw serve`: an undrained pipe fills after ~64 KiB and
+        then blocks Envoy's log-flush thread, which makes Envoy hang on SIGTERM."""
+        if self.reader is not None:
+            self.reader.discard()
+
     def stop(self, timeout: float = 10.0) -> int | None:
         return stop_process(self.proc, timeout)
 
@@ -73,63 +113,66 @@ def start_child(
 ) -> Child:
     """Start argv in a new session with stdout+stderr to `log` (appended)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
     with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            list(argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=full_env,
-            cwd=cwd,
-            start_new_session=True,
-        )
+        proc = _popen(argv, out, subprocess.STDOUT, env=env, cwd=cwd)
     return Child(name, proc, log)
 
 
 def start_piped(
-    name: str, argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None
+    name: str,
+    argv: Sequence[str],
+    *,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    stdin_pipe: bool = False,
 ) -> Child:
-    """Start argv with stdout piped (to read a ready line) and stderr to `log`."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
-    with open(log, "ab") as err:
-        proc = subprocess.Popen(
-            list(argv),
-            stdout=subprocess.PIPE,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env=full_env,
-            start_new_session=True,
-        )
-    return Child(name, proc, log)
+    """Start argv in a new session with stdout piped (read it with `wait_line`).
+
+    stderr goes to `log` (appended) when given, else where this process's goes.
+    `stdin_pipe` gives the child a stdin that closes when this process exits, for
+    children that stop on EOF there.
+    """
+    stdin = subprocess.PIPE if stdin_pipe else subprocess.DEVNULL
+    if log is None:
+        proc = _popen(argv, subprocess.PIPE, None, env=env, cwd=cwd, stdin=stdin)
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as err:
+            proc = _popen(argv, subprocess.PIPE, err, env=env, cwd=cwd, stdin=stdin)
+    assert proc.stdout is not None
+    return Child(name, proc, log, _LineReader(proc.stdout))
+
+
+def _popen(argv: Sequence[str], stdout: int | IO[bytes], stderr: int | IO[bytes] | None, *,
+           env: dict[str, str] | None, cwd: Path | None,
+           stdin: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        list(argv),
+        stdout=stdout,
+        stderr=stderr,
+        stdin=stdin,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        start_new_session=True,
+    )
 
 
 def wait_line(child: Child, predicate: Callable[[str], bool], timeout: float) -> str:
-    """Read the child's piped stdout until a line matches; StartError if it dies first."""
-    stdout = child.proc.stdout
-    assert stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(stdout, selectors.EVENT_READ)
+    """Read the child's piped stdout until a line matches; StartError if it ends first."""
+    assert child.reader is not None, f"{child.name}: stdout is not piped"
     deadline = time.monotonic() + timeout
     seen: list[str] = []
-    try:
-        while time.monotonic() < deadline:
-            if not sel.select(timeout=0.2):
-                if child.proc.poll() is not None:
-                    break
-                continue
-            raw = stdout.readline()
-            if not raw:
-                if child.proc.poll() is not None:
-                    break
-                continue
-            line = raw.decode(errors="replace")
-            seen.append(line)
-            if predicate(line):
-                return line.strip()
-    finally:
-        sel.close()
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = child.reader.lines.get(timeout=min(left, 0.2))
+        except queue.Empty:
+            continue
+        if line is None:  # end of output: the process is gone
+            break
+        seen.append(line)
+        if predicate(line):
+            return line.strip()
     child.stop()
     raise StartError(
         f"{child.name} not ready (exit {child.proc.returncode}); stdout:\n{''.join(seen)}"
@@ -175,7 +218,10 @@ def wait_until(check: Callable[[], bool], child: Child, timeout: float, what: st
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int | None:
-    """SIGTERM the process (by PID), SIGKILL it and its session if it lingers."""
+    """SIGTERM the process (by PID), SIGKILL it and its session if it lingers.
+
+    Its stdin pipe is closed here; a piped stdout belongs to the child's reader thread.
+    """
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGTERM)
@@ -187,38 +233,30 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int | 
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait(5)
-    if proc.stdout is not None:
+    if proc.stdin is not None:
         with contextlib.suppress(OSError):
-            proc.stdout.close()
+            proc.stdin.close()
     return proc.returncode
 
 
 # ----- CPU accounting ----------------------------------------------------------------------
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name is in parentheses and may contain spaces
-    return raw[raw.rindex(")") + 2 :].split()
-
-
 def cpu_seconds(pid: int) -> float | None:
     """utime + stime of one process (all its threads), seconds; None if gone."""
-    fields = _stat_fields(pid)
-    if fields is None:
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return None
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return times.user + times.system
 
 
 def process_name(pid: int) -> str:
+    """The executable's name, or the module of `python -m MODULE`; "?" if unknown."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        words = [w for w in psutil.Process(pid).cmdline() if w]
+    except psutil.Error:
         return "?"
-    words = [w.decode(errors="replace") for w in cmdline if w]
     if not words:
         return "?"
     exe = Path(words[0]).name
@@ -228,32 +266,20 @@ def process_name(pid: int) -> str:
 
 
 def descendants(pid: int) -> list[int]:
-    """PIDs of every live descendant of pid (children first, breadth first)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields is None:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(entry.name))
-    out: list[int] = []
-    queue = [pid]
-    while queue:
-        for child in parents.get(queue.pop(0), []):
-            out.append(child)
-            queue.append(child)
-    return out
+    """PIDs of every live descendant of pid."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def machine_cpu() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine from /proc/stat, as seconds."""
-    with open("/proc/stat") as f:
-        parts = f.readline().split()[1:]
-    values = [int(v) for v in parts]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    total = sum(values[:8])
-    return (total - idle) / CLOCK_TICKS, total / CLOCK_TICKS
+    """(busy, total) CPU seconds of the whole machine since boot; idle and iowait are not
+    busy, guest time is left out (Linux counts it in user and nice already)."""
+    t = psutil.cpu_times()
+    idle = t.idle + t.iowait
+    total = t.user + t.nice + t.system + idle + t.irq + t.softirq + t.steal
+    return total - idle, total
 
 
 class CpuMeter:

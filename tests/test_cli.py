@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import ssl
 import subprocess
@@ -12,22 +11,20 @@ import sys
 import httpx
 import yaml
 
+from bench.procs import start_piped, wait_line
 from igw.ports import free_port
 from igw_envoy.binary import validate_config
-from tests.procs import _wait_line, gateway, gateway_config, sim_fleet, stop
+from tests.procs import gateway, gateway_config, sim_fleet
 
 IGW = [sys.executable, "-m", "igw.cli"]
 
 
 def test_igw_up_serves_the_embedded_fleet(tmp_path):
     port = free_port()
-    env = {**os.environ, "IGW_STATE_DIR": str(tmp_path)}
-    proc = subprocess.Popen(
-        [*IGW, "up", "--port", str(port)], stdout=subprocess.PIPE, text=True, env=env,
-        start_new_session=True,
-    )
+    up = start_piped("igw up", [*IGW, "up", "--port", str(port)],
+                     env={"IGW_STATE_DIR": str(tmp_path)})
     try:
-        url = _wait_line(proc, lambda line: line.startswith("https://"), 90)
+        url = wait_line(up, lambda line: line.startswith("https://"), 90)
         assert url == f"https://127.0.0.1:{port}"
         ca = tmp_path / "up" / "tls" / "ca.pem"
         ctx = ssl.create_default_context(cafile=str(ca))
@@ -39,10 +36,10 @@ def test_igw_up_serves_the_embedded_fleet(tmp_path):
                 "messages": [{"role": "user", "content": "hello"}]})
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["completion_tokens"] == 4
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(40) == 0
+        up.proc.send_signal(signal.SIGTERM)
+        assert up.proc.wait(40) == 0
     finally:
-        stop(proc)
+        up.stop(timeout=15)
 
 
 def test_admin_commands_status_explain_drain(tmp_path):
@@ -101,12 +98,11 @@ def test_render_envoy_output_validates(tmp_path):
 
 
 def test_sim_and_bench_take_their_own_options(tmp_path):
-    sim = subprocess.Popen([*IGW, "sim", "--gpu", "h100,a10g", "--model", "m-8b",
-                            "--port-base", "0"], stdout=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    sim = start_piped("igw sim", [*IGW, "sim", "--gpu", "h100,a10g", "--model", "m-8b",
+                                  "--port-base", "0"])
     try:
-        assert "simulator ready: 2 pods" in _wait_line(sim, lambda line: "ready" in line, 30)
+        assert "simulator ready: 2 pods" in wait_line(sim, lambda line: "ready" in line, 30)
     finally:
-        assert stop(sim) == 0
+        assert sim.stop(timeout=15) == 0
     bench = subprocess.run([*IGW, "bench", "--help"], capture_output=True, text=True)
     assert bench.returncode == 0 and "--scenario" in bench.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from bench.procs import Child, start_child
 from contract.config import BbrConfig, GatewayConfig, MetricsConfig, SchedulerConfig
 from igw.ports import free_port
 from picker.datalayer.collector import CollectorOptions, MetricsCollector
@@ -239,29 +239,23 @@ def _write_config(path: Path, targets: list[str]) -> None:
 @pytest.fixture
 def prometheus_factory(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
     """Starts prometheus for given targets; returns its URL; stops it by PID after the test."""
-    procs: list[subprocess.Popen[bytes]] = []
+    children: list[Child] = []
 
     def start(targets: list[str]) -> str:
         port = free_port()
         config = tmp_path / "prometheus.yml"
         _write_config(config, targets)
-        log = (tmp_path / "prometheus.log").open("wb")
-        proc = subprocess.Popen(
+        children.append(start_child(
+            "prometheus",
             [PROMETHEUS_BIN, f"--config.file={config}",
              f"--storage.tsdb.path={tmp_path / 'data'}",
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        procs.append(proc)
+            tmp_path / "prometheus.log"))
         return f"http://127.0.0.1:{port}"
 
     yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    for child in children:
+        child.stop()
 
 
 async def _query(session: aiohttp.ClientSession, url: str, promql: str) -> list[dict[str, Any]]:

@@ -3,8 +3,8 @@
 - `Load`: an open-loop load generator (requests start on a fixed schedule whatever
   the answers, as real clients do), bounded in request count, in-flight requests
   and wall time, over TLS to 127.0.0.1 only; one `Outcome` per request.
-- `/proc` probes for the processes `igw serve` runs: children by name, RSS, open
-  file descriptors, CPU seconds.
+- psutil probes of the processes `igw serve` runs: children by role, RSS, open
+  file descriptors, listening sockets.
 - Small HTTP helpers for the simulator's control port and the picker's metrics.
 """
 
@@ -26,10 +26,9 @@ from typing import Any
 import aiohttp
 import httpx
 import orjson
+import psutil
 
 MAX_INFLIGHT = 400
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def chat_body(model: str, text: str = "hello", max_tokens: int = 8, **extra: Any) -> bytes:
@@ -207,27 +206,25 @@ class Load:
 def children(pid: int) -> dict[str, int]:
     """Direct children of `pid` by role: 'picker', 'envoy', 'simulator' (from argv)."""
     found: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as fh:
-                for child in fh.read().split():
-                    role = _role(int(child))
-                    if role:
-                        found[role] = int(child)
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children():
+            role = _role(child)
+            if role:
+                found[role] = child.pid
     return found
 
 
-def _role(pid: int) -> str:
+def _role(proc: psutil.Process) -> str:
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        argv = proc.cmdline()
+    except psutil.Error:
         return ""
-    text = b" ".join(argv)
-    if b"-m picker" in text or b"picker/__main__" in text:
+    text = " ".join(argv)
+    if "-m picker" in text or "picker/__main__" in text:
         return "picker"
-    if (argv and argv[0].endswith(b"envoy")) or b"envoy.yaml" in text:
+    if (argv and argv[0].endswith("envoy")) or "envoy.yaml" in text:
         return "envoy"
-    if b"simulator" in text:
+    if "simulator" in text:
         return "simulator"
     return ""
 
@@ -244,19 +241,11 @@ def wait_child(pid: int, role: str, timeout: float, not_pid: int | None = None) 
 
 
 def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as fh:
-        return int(fh.read().split()[1]) * PAGE_SIZE
+    return psutil.Process(pid).memory_info().rss
 
 
 def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process (not its children)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return psutil.Process(pid).num_fds()
 
 
 def kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
@@ -266,34 +255,11 @@ def kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
 
 def listening_sockets(pid: int) -> list[tuple[str, int]]:
     """(address, port) of every TCP socket in LISTEN state that `pid` holds open."""
-    inodes = set()
-    with contextlib.suppress(OSError):
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:["):
-                    inodes.add(link[8:-1])
-    found = []
-    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
-        with contextlib.suppress(OSError), open(table) as fh:
-            next(fh)
-            for line in fh:
-                parts = line.split()
-                if parts[3] != "0A" or parts[9] not in inodes:  # 0A = LISTEN
-                    continue
-                host_hex, port_hex = parts[1].split(":")
-                found.append((_addr(host_hex, v6), int(port_hex, 16)))
-    return found
-
-
-def _addr(host_hex: str, v6: bool) -> str:
-    import ipaddress
-
-    raw = bytes.fromhex(host_hex)
-    if not v6:
-        return str(ipaddress.IPv4Address(raw[::-1]))
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
-    return str(ipaddress.IPv6Address(words))
+    try:
+        sockets = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return []
+    return [(c.laddr.ip, c.laddr.port) for c in sockets if c.status == psutil.CONN_LISTEN]
 
 
 # --- services -------------------------------------------------------------------------------

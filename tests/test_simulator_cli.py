@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -14,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.procs import Child, start_piped, wait_line
 from simulator.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,16 +33,14 @@ def free_port_pair() -> int:
     raise RuntimeError("no free port pair")
 
 
-def launch(*args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "simulator", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # blocks until the ready line (or exit)
+def launch(*args: str) -> Child:
+    sim = start_piped("simulator", [sys.executable, "-m", "simulator", *args], cwd=REPO,
+                      env={"PYTHONUNBUFFERED": "1"})
+    line = wait_line(sim, lambda _: True, 30)  # the first line must be the ready line
     if not line.startswith("simulator ready"):
-        proc.kill()
-        raise AssertionError(f"no ready line: {line!r} {proc.communicate(timeout=5)}")
-    return proc
+        sim.stop()
+        raise AssertionError(f"no ready line: {line!r}")
+    return sim
 
 
 def post(url: str, body: dict[str, object]) -> dict[str, object]:
@@ -55,20 +52,17 @@ def post(url: str, body: dict[str, object]) -> dict[str, object]:
 
 def test_cli_serves_until_sigterm() -> None:
     port = free_port_pair()
-    proc = launch("--gpu", "h100,a10g", "--model", "m", "--port-base", str(port))
+    sim = launch("--gpu", "h100,a10g", "--model", "m", "--port-base", str(port))
     try:
-        assert proc.stdout is not None
         for p in (port, port + 1):
             answer = post(f"http://127.0.0.1:{p}/v1/chat/completions",
                           {"model": "m", "max_tokens": 3,
                            "messages": [{"role": "user", "content": "hi"}]})
             assert answer["usage"]["completion_tokens"] == 3  # type: ignore[index]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        sim.proc.send_signal(signal.SIGTERM)
+        assert sim.proc.wait(timeout=10) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        sim.stop()
 
 
 def test_lone_pod_process_exits_on_crash(tmp_path: Path) -> None:
@@ -76,19 +70,17 @@ def test_lone_pod_process_exits_on_crash(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(f"seed: 3\npods:\n  - {{name: solo, gpu: a100, model: qwen3-32b, "
                      f"port: {port}, engine: sglang}}\n")
-    proc = launch("--fleet", str(fleet), "--time-scale", "10")
+    sim = launch("--fleet", str(fleet), "--time-scale", "10")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/state", timeout=5) as r:
             state = json.loads(r.read())
         assert state["profile"]["tensor_parallel"] == 2 and state["time_scale"] == 10
         post(f"http://127.0.0.1:{port}/admin/faults", {"crash": True})
-        assert proc.wait(timeout=10) == 1
+        assert sim.proc.wait(timeout=10) == 1
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        sim.stop()
 
 
 def test_cli_rejects_bad_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
