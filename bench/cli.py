@@ -4,6 +4,7 @@
     igw bench --scenario mixed --routers igw-llm-d,envoy-rr --duration 20
     igw bench --smoke                              # seconds: tiny fleet, two routers
     igw bench --overhead                           # added latency and CPU per request
+    igw bench --ext-proc-servers                   # grpc.aio vs grpclib vs ours behind Envoy
     igw bench --guidellm-check --guidellm PATH     # TTFT cross-check with guidellm
 
 Results: bench/results/REPORT.md (+ <scenario>.json, PNG plots) for a full run;
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--overhead", action="store_true",
                    help="run the overhead benchmark (bench/overhead.py) instead")
+    p.add_argument("--ext-proc-servers", action="store_true",
+                   help="compare do-nothing ext_proc servers behind Envoy "
+                        "(bench/ext_proc_servers.py) instead")
     p.add_argument("--guidellm-check", action="store_true",
                    help="cross-check our TTFT against guidellm (bench/guidellm_check.py)")
     p.add_argument("--guidellm", default=None, help="guidellm executable for --guidellm-check")
@@ -88,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench.overhead import main as overhead_main
 
         return overhead_main(["--out", str(args.out)] if args.out else [])
+    if args.ext_proc_servers:
+        from bench.ext_proc_servers import main as servers_main
+
+        out_args = ["--out", str(args.out)] if args.out else []
+        return servers_main(out_args, command=" ".join(["igw bench --ext-proc-servers",
+                                                        *out_args]))
     if args.guidellm_check:
         from bench.guidellm_check import main as check_main
 
