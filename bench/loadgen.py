@@ -15,6 +15,8 @@
   served it (`x-sim-pod`, when the router passes it through).
 - **Its own health:** lateness of every send (actual send − scheduled time, wall ms) is
   recorded, so a report can show the generator kept up.
+- **Shared:** `send_open_loop` and `settle` (the schedule, the cap, the time cap) also drive
+  the reliability tests' client, which reads whole answers and their headers instead.
 
 Times in `Result` are model seconds (wall × time_scale): what a client of the simulated
 GPUs would see. Only the first few SSE events of a response and its last ~2 KB are parsed;
@@ -24,9 +26,10 @@ the rest of the stream is counted, not decoded, to keep the client cheap.
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -96,6 +99,44 @@ def _usage_tokens(tail: bytes) -> int | None:
     return None
 
 
+async def send_open_loop(
+    targets: Iterable[float],
+    start: Callable[[int, float], Coroutine[Any, Any, None]],
+    *,
+    deadline: float = math.inf,
+    full: Callable[[], bool],
+    on_full: Callable[[int, float], None],
+) -> dict[int, asyncio.Task[None]]:
+    """Open loop: start request i at the i-th target (monotonic, ascending) whatever the
+    earlier ones did; targets are read one at a time, so a long run's first request is
+    not late. An arrival that finds `full()` is not sent but handed to `on_full`; none is
+    sent after `deadline`. Returns the task of every request sent, by arrival index."""
+    tasks: dict[int, asyncio.Task[None]] = {}
+    for i, target in enumerate(targets):
+        if target > deadline:
+            break
+        delay = target - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if full():
+            on_full(i, target)
+            continue
+        tasks[i] = asyncio.create_task(start(i, target))
+    return tasks
+
+
+async def settle(tasks: Iterable[asyncio.Task[None]], deadline: float) -> None:
+    """Let the requests run until `deadline`, then cancel the rest and wait for them."""
+    every = list(tasks)
+    pending = [t for t in every if not t.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+    for task in every:
+        if not task.done():
+            task.cancel()
+    await asyncio.gather(*every, return_exceptions=True)
+
+
 class LoadGenerator:
     """Sends `specs` to `url_for(spec)` at their times; `run()` returns one Result each."""
 
@@ -140,33 +181,21 @@ class LoadGenerator:
             deadline = self.t0 + self.time_cap_s
             if self.specs:
                 self.window_end = self.t0 + self.window_s()
-            tasks: dict[int, asyncio.Task[None]] = {}
-            starts: dict[int, float] = {}
-            for spec in self.specs:
-                target = self.t0 + spec.at / self.scale
-                if target > deadline:
-                    break
-                delay = target - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if self.in_flight >= self.cap:
-                    self._finish(self._result(spec, target, 0, "dropped", None, None, 0, "",
-                                              None))
-                    continue
-                starts[spec.index] = target
-                tasks[spec.index] = asyncio.create_task(self._one(session, spec, target))
+            tasks = await send_open_loop(
+                (self.t0 + spec.at / self.scale for spec in self.specs),
+                lambda i, target: self._one(session, self.specs[i], target),
+                deadline=deadline,
+                full=lambda: self.in_flight >= self.cap,
+                on_full=lambda i, target: self._finish(self._result(
+                    self.specs[i], target, 0, "dropped", None, None, 0, "", None)),
+            )
             self.arrivals_done_at = time.monotonic()
-            pending = [t for t in tasks.values() if not t.done()]
-            if pending:
-                await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
-            for task in tasks.values():
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            await settle(tasks.values(), deadline)
             now = time.monotonic()
-            for spec in self.specs:
-                if spec.index in starts and spec.index not in self.results:
-                    target = starts[spec.index]
+            for i in tasks:
+                spec = self.specs[i]
+                if spec.index not in self.results:
+                    target = self.t0 + spec.at / self.scale
                     waited = (now - target) * self.scale
                     self._finish(self._result(spec, target, 0, "cut", waited, None, 0, "", None))
         return [self.results[i] for i in sorted(self.results)]

@@ -1,8 +1,8 @@
 """Shared tools of the reliability suites (no tests here): load, process probes, polling.
 
-- `Load`: an open-loop load generator (requests start on a fixed schedule whatever
-  the answers, as real clients do), bounded in request count, in-flight requests
-  and wall time, over TLS to 127.0.0.1 only; one `Outcome` per request.
+- `Load`: open-loop load (requests start on a fixed schedule whatever the answers, as
+  real clients do; the benchmark's scheduler), bounded in request count, in-flight
+  requests and wall time, over TLS to 127.0.0.1 only; one `Outcome` per request.
 - psutil probes of the processes `igw serve` runs: children by role, RSS, open
   file descriptors, listening sockets.
 - Small HTTP helpers for the simulator's control port and the picker's metrics.
@@ -18,7 +18,7 @@ import signal
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ import aiohttp
 import httpx
 import orjson
 import psutil
+
+from bench.loadgen import send_open_loop, settle
 
 MAX_INFLIGHT = 400
 
@@ -101,9 +103,10 @@ def client_ssl(ca: Path) -> ssl.SSLContext:
 class Load:
     """Open-loop HTTPS load: `rate` requests/s for `duration` s, at most `max_requests`.
 
-    `body(i)` gives the i-th request body. Streams are read to the end and checked
-    for `data: [DONE]`. Every request has a `timeout`; the whole run stops by
-    `duration + timeout + 5` s at the latest.
+    The schedule is the benchmark's (bench/loadgen.py `send_open_loop`); this client reads
+    whole answers and the headers the tests check. `body(i)` gives the i-th request body.
+    Streams are read to the end and checked for `data: [DONE]`. Every request has a
+    `timeout`; the whole run stops by `duration + timeout + 5` s at the latest.
     """
 
     def __init__(
@@ -131,16 +134,7 @@ class Load:
         self.timeout = timeout
         self.max_requests = max_requests
         self.keep_body = keep_body
-        self.stop_event = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def stop(self) -> None:
-        """Stop sending (requests already sent run to their end); callable from any thread."""
-        loop = self._loop
-        if loop is None:
-            self.stop_event.set()
-        else:
-            loop.call_soon_threadsafe(self.stop_event.set)
+        self.open = 0  # requests sent and not finished
 
     def in_thread(self) -> concurrent.futures.Future[LoadResult]:
         """Run in a thread of its own (own event loop), so the test can block meanwhile."""
@@ -150,35 +144,28 @@ class Load:
         return future
 
     async def run(self) -> LoadResult:
-        self._loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(ssl=self.ssl, limit=MAX_INFLIGHT)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         outcomes: list[Outcome] = []
-        tasks: set[asyncio.Task[None]] = set()
         skipped = 0
+
+        def send(i: int, _due: float) -> Coroutine[Any, Any, None]:
+            outcome = Outcome(index=i, sent=time.monotonic())
+            outcomes.append(outcome)
+            self.open += 1
+            return self._one(session, outcome, self.body(i))
+
+        def skip(_i: int, _due: float) -> None:
+            nonlocal skipped
+            skipped += 1
+
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             start = time.monotonic()
             n = int(min(self.max_requests, self.rate * self.duration))
-            for i in range(n):
-                due = start + i / self.rate
-                delay = due - time.monotonic()
-                if delay > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.stop_event.wait(), delay)
-                if self.stop_event.is_set():
-                    break
-                if len(tasks) >= MAX_INFLIGHT:
-                    skipped += 1
-                    continue
-                outcome = Outcome(index=i, sent=time.monotonic())
-                outcomes.append(outcome)
-                task = asyncio.create_task(self._one(session, outcome, self.body(i)))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(set(tasks), timeout=self.timeout + 5)
-            for task in list(tasks):
-                task.cancel()
+            tasks = await send_open_loop(
+                (start + i / self.rate for i in range(n)), send,
+                full=lambda: self.open >= MAX_INFLIGHT, on_full=skip)
+            await settle(tasks.values(), time.monotonic() + self.timeout + 5)
             ended = time.monotonic()
         return LoadResult(outcomes, start, ended, skipped)
 
@@ -198,6 +185,7 @@ class Load:
             out.error = f"{type(exc).__name__}: {exc}"[:200]
         finally:
             out.done = time.monotonic()
+            self.open -= 1
 
 
 # --- processes ------------------------------------------------------------------------------
