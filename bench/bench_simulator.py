@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.procs import Child, cpu_seconds, start_piped, wait_line
+from bench.procs import Child, cpu_seconds, free_port_base, start_piped, wait_line
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "simulator.md"
@@ -102,26 +101,6 @@ def start_probe(seconds: float, pods: int) -> Child:
     Its one line of output, the sorted lags in ms, comes when it is done."""
     return start_piped("timer probe", [sys.executable, "-c", PROBE, str(seconds), str(pods)],
                        cwd=REPO)
-
-
-def free_port_base(count: int) -> int:
-    """A base port with count consecutive free ports above it (checked, then released)."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000 - count)
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 def fleet_yaml(pods: int, base: int) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -37,6 +38,27 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
+
+
+def free_port_base(count: int) -> int:
+    """A base port with count consecutive free ports above it (checked, then released), for
+    the simulator's `--port-base` (one pod per port from there)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 60000 - count)
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
 
 
 class _LineReader:

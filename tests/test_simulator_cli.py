@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -12,25 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.procs import Child, start_piped, wait_line
+from bench.procs import Child, free_port_base, start_piped, wait_line
 from simulator.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port_pair() -> int:
-    """A port p with p and p+1 both free right now."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port pair")
 
 
 def launch(*args: str) -> Child:
@@ -51,7 +35,7 @@ def post(url: str, body: dict[str, object]) -> dict[str, object]:
 
 
 def test_cli_serves_until_sigterm() -> None:
-    port = free_port_pair()
+    port = free_port_base(2)
     sim = launch("--gpu", "h100,a10g", "--model", "m", "--port-base", str(port))
     try:
         for p in (port, port + 1):
@@ -66,7 +50,7 @@ def test_cli_serves_until_sigterm() -> None:
 
 
 def test_lone_pod_process_exits_on_crash(tmp_path: Path) -> None:
-    port = free_port_pair()
+    port = free_port_base(2)
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(f"seed: 3\npods:\n  - {{name: solo, gpu: a100, model: qwen3-32b, "
                      f"port: {port}, engine: sglang}}\n")
