@@ -146,7 +146,7 @@ def route_response(routing: list[tuple[str, str]]) -> bytes:
 
     Metadata, not a header mutation: when the route skipped the headers message
     Envoy drops header mutations in the body answer; the pool routes match the
-    metadata and copy it into the `x-gateway-*` headers (igw_envoy.listener).
+    metadata and copy it into the `x-gateway-*` headers (igw_envoy.routes).
     The empty header mutation is there because Envoy clears the route cache
     only for an answer that has one. Assembled from cached wire fragments
     instead of building protobuf messages per request:

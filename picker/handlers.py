@@ -2,8 +2,8 @@
 
 One gRPC stream per HTTP request, served by picker.h2_grpc. The common request
 (POST to an inference path with a content-length within the limit,
-igw_envoy.listener's `one_message_route`) costs one message: Envoy skips the headers and sends the
-buffered body with the header values the picker reads as attributes. Any
+igw_envoy.routes' `one_message_route`) costs one message: Envoy skips the headers and
+sends the buffered body with the header values the picker reads as attributes. Any
 other request starts with a headers message, which the picker may answer on
 its own (model list, 404, 405, 400, 413) before the body is read. The body is
 answered with the routing decision. The stream stays open until Envoy
