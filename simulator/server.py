@@ -104,6 +104,7 @@ class PodServer:
         self._released.set()
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.get_load_calls = 0  # how often a router polled /get_load (benchmarks check it)
 
     @property
     def host(self) -> str:
@@ -173,7 +174,8 @@ class PodServer:
     def state(self) -> dict[str, Any]:
         return {"name": self.name, "engine": self.spec.engine, "gpu": self.spec.gpu,
                 "host": self.host, "port": self.port, "up": self.up,
-                "faults": self.faults.as_dict(), **self.engine.state()}
+                "faults": self.faults.as_dict(), "get_load_calls": self.get_load_calls,
+                **self.engine.state()}
 
     def _new_engine(self) -> Engine:
         return Engine(self.spec.engine_config(self.profile, self.time_scale))
@@ -224,6 +226,8 @@ class PodServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        if self.spec.engine == "sglang":
+            app.router.add_get("/get_load", self._get_load)
         app.router.add_get("/admin/faults", self._get_faults)
         app.router.add_post("/admin/faults", self._post_faults)
         app.router.add_delete("/admin/faults", self._delete_faults)
@@ -258,6 +262,12 @@ class PodServer:
         body = metrics_text.GARBLED if mode == "garbled" else metrics_text.render(
             self.engine, self.spec.engine)
         return web.Response(body=body, headers={"Content-Type": metrics_text.CONTENT_TYPE})
+
+    async def _get_load(self, _request: web.Request) -> web.Response:
+        """SGLang's load endpoint, which sglang-router's power_of_two policy polls."""
+        await self._hang_if_asked()
+        self.get_load_calls += 1
+        return _json(orjson.dumps(sglang_load(self.engine)))
 
     async def _models(self, _request: web.Request) -> web.Response:
         await self._hang_if_asked()
@@ -375,6 +385,32 @@ class PodServer:
 
     def _request_id(self, chat: bool) -> str:
         return f"{'chatcmpl' if chat else 'cmpl'}-{self.name}-{next(self._ids)}"
+
+
+def sglang_load(engine: Engine) -> list[dict[str, Any]]:
+    """The body of SGLang's `GET /get_load`: one object per data-parallel rank (one here).
+
+    Source: sgl-project/sglang python/sglang/srt/entrypoints/http_server.py@0025436eab05
+    (`get_load` returns `tokenizer_manager.get_load()`, the list of every scheduler's
+    `GetLoadReqOutput`); the dataclass (managers/io_struct.py) is `BaseReq` (`rid`,
+    `http_worker_ipc`, both null here) plus `dp_rank`, `num_reqs`, `num_waiting_reqs`,
+    `num_tokens`, and the scheduler fills it with running + waiting requests, waiting
+    requests, and KV tokens in use plus the prompt tokens of the waiting queue. A real page
+    of that shape is quoted in sgl-project/sglang PR #13203. The simulator counts KV tokens
+    in whole blocks (referenced blocks x block size). sglang-router reads only `num_tokens`,
+    summed over the list (sgl-model-gateway/src/core/worker_manager.rs@00a4cf3bd23e,
+    `get_worker_load`).
+    """
+    waiting = engine.waiting
+    kv_tokens = engine.kv.used_blocks * engine.profile.block_size
+    return [{
+        "rid": None,
+        "http_worker_ipc": None,
+        "dp_rank": 0,
+        "num_reqs": len(engine.running) + len(waiting),
+        "num_waiting_reqs": len(waiting),
+        "num_tokens": kv_tokens + sum(req.prompt_tokens for req in waiting),
+    }]
 
 
 def _parse_body(raw: bytes) -> dict[str, Any]:
