@@ -108,7 +108,9 @@ VLLM = EngineProfile(
         ("vllm:num_requests_waiting", Signal.WAITING),
         ("vllm:num_requests_running", Signal.RUNNING),
         ("vllm:kv_cache_usage_perc", Signal.KV_USAGE),
-        ("vllm:gpu_cache_usage_perc", Signal.KV_USAGE),  # before vLLM 0.10
+        # the only KV gauge of V0 0.7 and V1 0.8 pages; 0.10.0 has kv_cache_usage_perc
+        # (tests/fixtures/metrics/vllm-0.7-v0-aibrix-docs.txt, vllm-0.8-v1-..., vllm-0.10.0-v1-...)
+        ("vllm:gpu_cache_usage_perc", Signal.KV_USAGE),
         ("vllm:lora_requests_info", Signal.LORA_INFO),
         ("vllm:cache_config_info", Signal.CACHE_INFO),
         *_histogram("vllm:time_to_first_token_seconds", Signal.TTFT_SUM, Signal.TTFT_COUNT),
@@ -131,11 +133,13 @@ SGLANG = EngineProfile(
         ("sglang:num_queue_reqs", Signal.WAITING),
         ("sglang:num_running_reqs", Signal.RUNNING),
         ("sglang:token_usage", Signal.KV_USAGE),
+        # named by router projects (GIE, llm-d); no real SGLang page in tests/fixtures/metrics has it
         ("sglang:cache_config_info", Signal.CACHE_INFO),
         *_histogram("sglang:time_to_first_token_seconds", Signal.TTFT_SUM, Signal.TTFT_COUNT),
         *_histogram("sglang:queue_time_seconds", Signal.QUEUE_TIME_SUM, Signal.QUEUE_TIME_COUNT),
         # SGLang's _sum adds whole intervals and _count adds tokens: sum/count is s/token
         *_histogram("sglang:inter_token_latency_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
+        # the only TPOT histogram of SGLang 0.4 (tests/fixtures/metrics/sglang-0.4-docs.txt)
         *_histogram("sglang:time_per_output_token_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
         ("sglang:prompt_tokens_total", Signal.PROMPT_TOKENS),
         ("sglang:generation_tokens_total", Signal.GENERATION_TOKENS),
