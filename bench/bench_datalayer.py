@@ -6,7 +6,10 @@ table and writes it to bench/results/datalayer.md.
 1. Parser: microseconds to read one realistic vLLM `/metrics` page (~540
    lines: histograms, Python runtime and HTTP series) with our targeted parser
    vs prometheus_client's `text_string_to_metric_families`, same page, same
-   run, as a ratio (the machine is shared and noisy, DESIGN §7).
+   run, as a ratio (the machine is shared and noisy, DESIGN §7). The same for
+   the stand-in SGLang and TensorRT-LLM pages and for every vLLM / SGLang page
+   of tests/fixtures/metrics/ that carries signals (shaped after real servers'
+   output; read as data files by path, not imported).
 2. Collector: many stand-in pods in a separate process serve that page; the
    collector scrapes them as fast as its interval allows; we divide the
    collector process's CPU time by the good scrapes it made. Target: at least
@@ -31,11 +34,12 @@ from bench.procs import Child, start_piped, wait_line
 from contract.config import GatewayConfig, MetricsConfig, SchedulerConfig
 from picker.datalayer.collector import CollectorOptions, MetricsCollector
 from picker.datalayer.engines import profile_for
-from picker.datalayer.parser import MetricsParser
+from picker.datalayer.parser import MetricsParseError, MetricsParser
 from picker.datastore import Datastore
 from simulator.standin_pages import busy_state, render
 
 RESULTS = Path(__file__).parent / "results" / "datalayer.md"
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "metrics"
 PARSER_TARGET_RATIO = 3.0
 COLLECTOR_TARGET = 1000.0
 FLEET_READY_S = 30.0
@@ -48,8 +52,29 @@ def time_per_call(fn: Callable[[], object], budget_s: float) -> float:
     return statistics.median(timeit.repeat(fn, number=number, repeat=5)) / number
 
 
-def bench_parser(engine: str, budget_s: float) -> dict[str, float]:
-    text = render(engine, busy_state())
+def fixture_pages() -> dict[str, tuple[str, str]]:
+    """label -> (engine, text) of the fixture pages our parser reads without error.
+
+    Pages that are failed scrapes on purpose (HELP/TYPE only, a lone LoRA grep) are left out:
+    timing an exception says nothing about the parser's normal path.
+    """
+    pages: dict[str, tuple[str, str]] = {}
+    for path in sorted(FIXTURES.glob("*.txt")):
+        engine = path.name.split("-", 1)[0]
+        if engine not in ("vllm", "sglang"):
+            continue
+        text = path.read_text()
+        try:
+            MetricsParser(profile_for(engine)).parse(text)
+        except MetricsParseError:
+            continue
+        pages[path.stem] = (engine, text)
+    return pages
+
+
+def bench_parser(engine: str, budget_s: float, text: str | None = None) -> dict[str, float]:
+    """Our parser vs prometheus_client on one page (the stand-in busy page unless `text`)."""
+    text = render(engine, busy_state()) if text is None else text
     parser = MetricsParser(profile_for(engine))
 
     def reference() -> None:
@@ -112,11 +137,17 @@ def report(parsers: dict[str, dict[str, float]], collector: dict[str, float]) ->
         "",
         "## Parser: one /metrics page (median of 5 repeats)",
         "",
-        "| engine page | lines | KiB | targeted parser µs | prometheus_client µs | ratio |",
+        "Stand-in pages (simulator/standin_pages.py) by engine, then the fixture pages of",
+        "tests/fixtures/metrics/ (excerpts shaped after real servers' output, see",
+        "docs/metrics-collection.md) by file name. Run on a shared 2-core machine: other",
+        "sessions ran at the same time, so absolute µs are noisy; the ratios (both parsers,",
+        "same page, same run) are the figures to read.",
+        "",
+        "| page | lines | KiB | targeted parser µs | prometheus_client µs | ratio |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for engine, r in parsers.items():
-        lines.append(f"| {engine} | {r['lines']:.0f} | {r['kib']:.1f} | {r['ours_us']:.0f} | "
+        lines.append(f"| {engine} | {r['lines']:.0f} | {r['kib']:.1f} | {r['ours_us']:.1f} | "
                      f"{r['theirs_us']:.0f} | {r['ratio']:.1f}× |")
     c = collector
     lines += [
@@ -147,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = 1.0 if args.quick else 4.0
     measure = 1.5 if args.quick else args.measure
     parsers = {engine: bench_parser(engine, budget) for engine in ("vllm", "sglang", "trtllm")}
+    for label, (engine, page) in fixture_pages().items():
+        parsers[label] = bench_parser(engine, budget / 4, page)
     collector = bench_collector(args.pods, args.interval, 0.5 if args.quick else 2.0, measure)
     text = report(parsers, collector)
     print(text)
