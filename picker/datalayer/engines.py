@@ -133,7 +133,7 @@ SGLANG = EngineProfile(
         ("sglang:num_queue_reqs", Signal.WAITING),
         ("sglang:num_running_reqs", Signal.RUNNING),
         ("sglang:token_usage", Signal.KV_USAGE),
-        # named by router projects (GIE, llm-d); no real SGLang page in tests/fixtures/metrics has it
+        # named by router projects (GIE, llm-d); no real SGLang page among our fixtures has it
         ("sglang:cache_config_info", Signal.CACHE_INFO),
         *_histogram("sglang:time_to_first_token_seconds", Signal.TTFT_SUM, Signal.TTFT_COUNT),
         *_histogram("sglang:queue_time_seconds", Signal.QUEUE_TIME_SUM, Signal.QUEUE_TIME_COUNT),
