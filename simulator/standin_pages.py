@@ -257,26 +257,72 @@ def render_sglang(state: PodState) -> str:
     return page.text()
 
 
+TRITON_MAX_REQUESTS = 512  # request_type="max" on the fixture page
+
+
+def _triton_number(value: float) -> str:
+    """Triton writes whole numbers without a fraction (`512`, not `512.0`)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _triton_family(page: _Page, name: str, kind: str, doc: str, label: str,
+                   rows: tuple[tuple[str, float], ...], model: str = "tensorrt_llm") -> None:
+    """One `nv_trt_llm_*` family: one series per `label` value, labels in Triton's order."""
+    page.head(name, kind, doc)
+    for value_label, value in rows:
+        labels = label_text(dict(sorted({label: value_label, "model": model,
+                                         "version": "1"}.items())))
+        page.page.lines.append(f"{name}{{{labels}}} {_triton_number(value)}")
+
+
+def _triton_core(page: _Page, done: float) -> None:
+    """Triton's own per-model counters, which a TensorRT-LLM router must skip."""
+    for name, doc in (("nv_inference_request_success",
+                       "Number of successful inference requests, all batch sizes"),
+                      ("nv_inference_request_failure",
+                       "Number of failed inference requests, all batch sizes"),
+                      ("nv_inference_count",
+                       "Number of inferences performed (does not include cached requests)")):
+        page.head(name, "counter", doc)
+        for model in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm"):
+            value = 0.0 if name == "nv_inference_request_failure" else done
+            labels = label_text({"model": model, "version": "1"})
+            page.page.lines.append(f"{name}{{{labels}}} {_triton_number(value)}")
+
+
 def render_trtllm(state: PodState) -> str:
+    """Triton with the TensorRT-LLM backend, shaped like tests/fixtures/metrics/
+    triton-trtllm-2025-04.txt (families, label names and order, value spelling).
+
+    Triton exports no latency histograms or token counters for TensorRT-LLM, so
+    only the gauges a router reads come from `state`: waiting, running
+    ("scheduled"), KV use ("fraction"), block size ("tokens_per") and block count
+    ("max"); the other series keep the fixture's values.
+    """
     s, page = state, _Page()
-    model = {"model_name": s.model_name, "engine_type": "trtllm"}
-    for name, value in (("trtllm_num_requests_running", s.running),
-                        ("trtllm_num_requests_waiting", s.waiting),
-                        ("trtllm_kv_cache_utilization", s.kv_usage),
-                        ("trtllm_kv_cache_hit_rate", 0.3),
-                        ("trtllm_kv_cache_tokens_per_block", s.block_size),
-                        ("trtllm_kv_cache_max_blocks", s.num_gpu_blocks)):
-        page.gauge(name, model, value)
-    page.counter("trtllm_prompt_tokens_total", model, s.prompt_tokens)
-    page.counter("trtllm_generation_tokens_total", model, s.generation_tokens)
-    for name, total, count, buckets in (
-        ("trtllm_time_to_first_token_seconds", s.ttft_sum, s.ttft_count, TTFT_BUCKETS),
-        ("trtllm_time_per_output_token_seconds", s.itl_sum, s.itl_count, TPOT_BUCKETS),
-        ("trtllm_request_queue_time_seconds", s.queue_sum, s.queue_count, LATENCY_BUCKETS),
-        ("trtllm_request_prefill_time_seconds", s.prefill_sum, s.prefill_count,
-         LATENCY_BUCKETS),
-    ):
-        page.histogram(name, model, total, count, buckets)
+    used = round(s.kv_usage * s.num_gpu_blocks)
+    _triton_core(page, s.prefill_count)
+    _triton_family(page, "nv_trt_llm_request_metrics", "gauge", "TRT LLM request metrics",
+                   "request_type", (("waiting", s.waiting), ("context", 0.0),
+                                    ("scheduled", s.running), ("max", TRITON_MAX_REQUESTS),
+                                    ("active", s.waiting + s.running)))
+    _triton_family(page, "nv_trt_llm_runtime_memory_metrics", "gauge",
+                   "TRT LLM runtime memory metrics", "memory_type",
+                   (("pinned", 0.0), ("gpu", 1610236.0), ("cpu", 0.0)))
+    _triton_family(page, "nv_trt_llm_kv_cache_block_metrics", "gauge",
+                   "TRT LLM KV cache block metrics", "kv_cache_block_type",
+                   (("fraction", s.kv_usage), ("tokens_per", s.block_size), ("used", used),
+                    ("free", s.num_gpu_blocks - used), ("max", s.num_gpu_blocks)))
+    _triton_family(page, "nv_trt_llm_inflight_batcher_metrics", "gauge",
+                   "TRT LLM inflight_batcher-specific metrics",
+                   "inflight_batcher_specific_metric",
+                   (("micro_batch_id", 0.0), ("generation_requests", 0.0),
+                    ("total_context_tokens", 0.0)))
+    _triton_family(page, "nv_trt_llm_general_metrics", "gauge", "General TRT LLM metrics",
+                   "general_type", (("iteration_counter", 0.0), ("timestamp", CREATED)))
+    _triton_family(page, "nv_trt_llm_disaggregated_serving_metrics", "counter",
+                   "TRT LLM disaggregated serving metrics", "disaggregated_serving_type",
+                   (("kv_cache_transfer_ms", 0.0), ("request_count", 0.0)))
     return page.text()
 
 

@@ -22,7 +22,7 @@ from bench.procs import Child, start_child
 from contract.config import BbrConfig, GatewayConfig, MetricsConfig, SchedulerConfig
 from igw.ports import free_port
 from picker.datalayer.collector import CollectorOptions, MetricsCollector
-from picker.datalayer.engines import VLLM, Signal
+from picker.datalayer.engines import TRTLLM, VLLM, Signal
 from picker.datalayer.prometheus_source import (
     SAMPLED_AT,
     SAMPLED_AT_END,
@@ -63,6 +63,30 @@ def test_build_queries_one_per_signal_plus_sample_time() -> None:
     assert kv == ("{__name__=~`vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc`,"
                   r"instance=~`10\.0\.0\.1:8000|10\.0\.0\.2:8000`,job=" + '"vllm"}')
     assert queries[SAMPLED_AT].startswith("timestamp({__name__=~`vllm:num_requests_waiting`")
+
+
+def test_label_selected_series_get_a_matcher_of_their_own() -> None:
+    queries = build_queries(TRTLLM, ["10.0.0.1:8002"])
+    pod = r"instance=~`10\.0\.0\.1:8002`"
+    assert queries[Signal.WAITING.value] == (
+        "{__name__=`nv_trt_llm_request_metrics`,request_type=`waiting`," + pod + "}")
+    assert queries[Signal.KV_NUM_BLOCKS.value] == (
+        "{__name__=`nv_trt_llm_kv_cache_block_metrics`,kv_cache_block_type=`max`," + pod + "}")
+    assert queries[SAMPLED_AT] == f"timestamp({queries[Signal.WAITING.value]})"
+
+
+def test_fold_answers_picks_label_selected_series_by_their_label() -> None:
+    answers = {
+        "waiting": [_series("nv_trt_llm_request_metrics", "a:1", 2, request_type="waiting",
+                            model="tensorrt_llm", version="1")],
+        "running": [_series("nv_trt_llm_request_metrics", "a:1", 5, request_type="scheduled"),
+                    _series("nv_trt_llm_request_metrics", "a:1", 99, request_type="active")],
+        "kv_usage": [_series("nv_trt_llm_kv_cache_block_metrics", "a:1", 0.5,
+                             kv_cache_block_type="fraction")],
+    }
+    snap = fold_answers(TRTLLM, answers)["a:1"].builder.build()
+    assert (snap.get(Signal.WAITING), snap.get(Signal.RUNNING), snap.get(Signal.KV_USAGE)) == (
+        2, 5, 0.5)
 
 
 def _series(name: str, instance: str, value: float, **labels: str) -> dict[str, Any]:
@@ -381,6 +405,41 @@ async def test_prometheus_source_matches_direct_scraping(prometheus_factory, sta
         row1 = _row(prom, addresses[1])
         await _wait(lambda: not prom.table.metrics_ok[row1], "the stopped pod to drop out")
         assert prom.table.metrics_ok[row0]
+    finally:
+        await collector.stop()
+
+
+TRITON_PAGE = Path(__file__).parent / "fixtures" / "metrics" / "triton-trtllm-2025-04.txt"
+
+
+@needs_prometheus
+async def test_prometheus_source_reads_triton_trtllm_like_direct_scraping(
+        prometheus_factory, standins) -> None:
+    """The label-matcher PromQL, run by a real Prometheus over the real Triton page."""
+    standins.append(StandInPod("trtllm", static_body=TRITON_PAGE.read_bytes()))
+    addresses = [await standins[0].start()]
+    url = prometheus_factory(addresses)
+    await _wait_targets_up(url, 1)
+    ds = Datastore(GatewayConfig(name="t", schedulers=(
+        SchedulerConfig(name="prom", model_name="m1", endpoints=tuple(addresses),
+                        engine_type="trtllm", metrics=MetricsConfig(
+                            source="prometheus", prometheus_url=url, interval_s=0.2,
+                            timeout_s=1.0, stale_after_s=5.0)),
+        SchedulerConfig(name="direct", model_name="m2", endpoints=tuple(addresses),
+                        engine_type="trtllm", metrics=MetricsConfig(
+                            interval_s=0.05, timeout_s=0.5, stale_after_s=5.0)))))
+    prom, scraped = ds.pools["prom"], ds.pools["direct"]
+    collector = MetricsCollector(ds, options=CollectorOptions(
+        prometheus=PrometheusSourceOptions(min_interval_s=0.2, query_timeout_s=2.0)))
+    collector.start()
+    try:
+        await _wait(lambda: all(pool.table.metrics_ok[_row(pool, addresses[0])]
+                                for pool in (prom, scraped)), "both pools to have good rows")
+        assert _same_columns(prom, scraped, addresses[0]) == {}
+        row = _row(prom, addresses[0])
+        assert (prom.table.waiting[row], prom.table.running[row],
+                prom.table.kv_usage[row]) == (1, 1, 0.4875)
+        assert (prom.table.kv_block_size[row], prom.table.kv_num_blocks[row]) == (64, 6239)
     finally:
         await collector.stop()
 

@@ -139,11 +139,23 @@ def test_learner_missing_series_leave_estimates_alone() -> None:
 
 
 def test_prefill_falls_back_to_the_prompt_token_counter() -> None:
-    """SGLang has no prefill histogram; TRT-LLM has it with the running token counter."""
-    table, learner, state = PodTable(2), SpeedLearner(), PodState()
-    state.finish(4, 400, prefill_s=0.2, queue_s=0.0, itl_s=0.01, output_tokens=3)
-    snap = parse_metrics(render("trtllm", state), TRTLLM)
-    assert Signal.FINISHED_PROMPT_TOKENS not in snap.values
+    """A prefill histogram beside only the running prompt-token counter still gives a rate.
+
+    No profile reads that pair today (SGLang has no prefill histogram, Triton's
+    TensorRT-LLM backend none at all), so the snapshot is written out directly.
+    """
+    table, learner = PodTable(2), SpeedLearner()
+    snap = MetricsSnapshot(values={Signal.PREFILL_TIME_SUM: 0.8, Signal.PREFILL_TIME_COUNT: 4.0,
+                                   Signal.PROMPT_TOKENS: 1600.0})
     learner.update(table, 1, snap)
     assert table.prefill_tps[1] == pytest.approx(2000.0)
+
+
+def test_triton_trtllm_page_gives_the_learner_nothing() -> None:
+    """Triton's TensorRT-LLM backend exports no latency histograms or token counters."""
+    table, learner, state = PodTable(2), SpeedLearner(), PodState()
+    state.finish(4, 400, prefill_s=0.2, queue_s=0.0, itl_s=0.01, output_tokens=3)
+    learner.update(table, 1, parse_metrics(render("trtllm", state), TRTLLM))
+    assert table.prefill_tps[1] == PodTable(2).prefill_tps[1]
+    assert table.raw_ttft_count[1] == 0.0
 

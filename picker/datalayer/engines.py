@@ -7,10 +7,15 @@ and never in engine-specific names. Names listed earlier for the same signal
 win over later ones: that is how vLLM's current `vllm:kv_cache_usage_perc`
 takes precedence over the older `vllm:gpu_cache_usage_perc` when a server
 exports both.
+
+A series may also be named with one label matcher, `name{label="value"}`:
+Triton's TensorRT-LLM backend puts several facts in one family and tells them
+apart by a label (`nv_trt_llm_request_metrics{request_type="waiting"}`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -66,10 +71,14 @@ def aggregate_of(signal: Signal) -> Aggregate:
 class EngineProfile:
     """The series one engine exports, in preference order per signal.
 
-    `series` is (metric name, signal) pairs; `cache_labels` names the labels of
-    the cache-info gauge that hold (block size, number of blocks); `required`
-    are the signals without which a scrape counts as failed (a page that lacks
-    the queue length is an error page, not an idle server).
+    `series` is (series key, signal) pairs, a key being a metric name or a name
+    with one label matcher (`name{label="value"}`); `cache_labels` names the
+    labels of the cache-info gauge that hold (block size, number of blocks);
+    `required` are the signals without which a scrape counts as failed (a page
+    that lacks the queue length is an error page, not an idle server).
+    `selected` maps each matcher family's name to its label and the key of
+    every wanted label value, so a reader that meets the family finds the key
+    in one lookup; plain-name profiles leave it empty and pay nothing for it.
     """
 
     name: str
@@ -78,16 +87,41 @@ class EngineProfile:
     required: frozenset[Signal] = REQUIRED_SIGNALS
     names: dict[str, Signal] = field(init=False, repr=False, compare=False)
     rank: dict[str, int] = field(init=False, repr=False, compare=False)
+    selected: dict[str, tuple[str, dict[str, str]]] = field(init=False, repr=False,
+                                                           compare=False)
 
     def __post_init__(self) -> None:
-        names = {name: signal for name, signal in self.series}
+        names = {key: signal for key, signal in self.series}
         rank: dict[str, int] = {}
         seen: dict[Signal, int] = {}
-        for name, signal in self.series:
-            rank[name] = seen.get(signal, 0)
-            seen[signal] = rank[name] + 1
+        selected: dict[str, tuple[str, dict[str, str]]] = {}
+        for key, signal in self.series:
+            rank[key] = seen.get(signal, 0)
+            seen[signal] = rank[key] + 1
+            family, label, value = split_key(key)
+            if label is not None:
+                held_label, keys = selected.setdefault(family, (label, {}))
+                if held_label != label:
+                    raise ValueError(f"{self.name}: {family} is selected by one label only")
+                keys[value] = key
+        if selected.keys() & names.keys():
+            raise ValueError(f"{self.name}: a family is both plain and label-selected")
         object.__setattr__(self, "names", names)
         object.__setattr__(self, "rank", rank)
+        object.__setattr__(self, "selected", selected)
+
+    def families(self) -> tuple[str, ...]:
+        """The metric names a page must be searched for: plain keys and matcher families."""
+        return tuple(dict.fromkeys(split_key(key)[0] for key, _ in self.series))
+
+    def key_of(self, name: str, labels: dict[str, str]) -> str | None:
+        """The series key a sample of `name` with `labels` belongs to, if wanted."""
+        if name in self.names:
+            return name
+        chosen = self.selected.get(name)
+        if chosen is None:
+            return None
+        return chosen[1].get(labels.get(chosen[0], ""))
 
     def metric_names(self, signal: Signal) -> tuple[str, ...]:
         """All names carrying `signal`, preferred first."""
@@ -95,6 +129,17 @@ class EngineProfile:
 
     def signals(self) -> tuple[Signal, ...]:
         return tuple(dict.fromkeys(s for _, s in self.series))
+
+
+_KEY_RE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"\})?')
+
+
+def split_key(key: str) -> tuple[str, str | None, str]:
+    """`name{label="value"}` as (name, label, value); a plain name as (name, None, "")."""
+    match = _KEY_RE.fullmatch(key)
+    if match is None:
+        raise ValueError(f"bad series key {key!r}: want name or name{{label=\"value\"}}")
+    return match.group(1), match.group(2), match.group(3) or ""
 
 
 def _histogram(base: str, total: Signal, count: Signal) -> tuple[tuple[str, Signal], ...]:
@@ -147,22 +192,20 @@ SGLANG = EngineProfile(
     cache_labels=("page_size", "num_pages"),
 )
 
+# Triton Inference Server with the TensorRT-LLM backend (tests/fixtures/metrics/
+# triton-trtllm-*.txt): the Gateway API Inference Extension's model-server protocol
+# reads queue = "waiting", running = "scheduled", KV use = "fraction". The backend
+# exports no latency histograms and no token counters, so the speed learner has
+# nothing to learn from; "waiting" and "fraction" exist since the 2025-04 backend.
 TRTLLM = EngineProfile(
     name="trtllm",
     series=(
-        ("trtllm_num_requests_waiting", Signal.WAITING),
-        ("trtllm_num_requests_running", Signal.RUNNING),
-        ("trtllm_kv_cache_utilization", Signal.KV_USAGE),
-        ("trtllm_kv_cache_tokens_per_block", Signal.KV_BLOCK_SIZE),
-        ("trtllm_kv_cache_max_blocks", Signal.KV_NUM_BLOCKS),
-        *_histogram("trtllm_time_to_first_token_seconds", Signal.TTFT_SUM, Signal.TTFT_COUNT),
-        *_histogram("trtllm_request_prefill_time_seconds",
-                    Signal.PREFILL_TIME_SUM, Signal.PREFILL_TIME_COUNT),
-        *_histogram("trtllm_request_queue_time_seconds",
-                    Signal.QUEUE_TIME_SUM, Signal.QUEUE_TIME_COUNT),
-        *_histogram("trtllm_time_per_output_token_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
-        ("trtllm_prompt_tokens_total", Signal.PROMPT_TOKENS),
-        ("trtllm_generation_tokens_total", Signal.GENERATION_TOKENS),
+        ('nv_trt_llm_request_metrics{request_type="waiting"}', Signal.WAITING),
+        ('nv_trt_llm_request_metrics{request_type="scheduled"}', Signal.RUNNING),
+        ('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}', Signal.KV_USAGE),
+        ('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}',
+         Signal.KV_BLOCK_SIZE),
+        ('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}', Signal.KV_NUM_BLOCKS),
     ),
 )
 

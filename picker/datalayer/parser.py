@@ -25,6 +25,7 @@ from picker.datalayer.engines import (
     EngineProfile,
     Signal,
     aggregate_of,
+    split_key,
 )
 
 
@@ -171,6 +172,9 @@ def _common_prefix(names: list[str]) -> str:
     return first[:size]
 
 
+_PLAIN, _INFO, _SELECTED = "plain", "info", "selected"
+
+
 class MetricsParser:
     """Reads the series of one engine profile out of exposition text.
 
@@ -181,8 +185,11 @@ class MetricsParser:
 
     def __init__(self, profile: EngineProfile) -> None:
         self.profile = profile
-        self._info = {name: signal in INFO_SIGNALS for name, signal in profile.series}
-        names = sorted(self._info, key=len, reverse=True)
+        # one lookup per wanted line says how to read it: plain, info gauge, or label-selected
+        self._kind = {name: _INFO if signal in INFO_SIGNALS else _PLAIN
+                      for name, signal in profile.series if split_key(name)[1] is None}
+        self._kind.update((family, _SELECTED) for family in profile.selected)
+        names = sorted(self._kind, key=len, reverse=True)
         common = _common_prefix(names)
         alternatives = "|".join(re.escape(n[len(common):]) for n in names)
         names_re = rf"({re.escape(common)}(?:{alternatives}))(?=[{{ \t\r\n]|\Z)"
@@ -215,10 +222,15 @@ class MetricsParser:
             labels_text = ""
             rest = text[after:eol]
         value = _sample_value(rest, name)
-        if self._info[name]:
+        kind = self._kind[name]
+        if kind is _PLAIN:
+            builder.add(name, value)
+        elif kind is _INFO:
             builder.add_info(name, parse_labels(labels_text), value)
         else:
-            builder.add(name, value)
+            key = self.profile.key_of(name, parse_labels(labels_text))
+            if key is not None:  # other label values of the family are not wanted
+                builder.add(key, value)
 
 
 def _sample_value(rest: str, name: str) -> float:

@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from picker.datalayer.columns import write_snapshot
-from picker.datalayer.engines import INFO_SIGNALS, EngineProfile, Signal, profile_for
+from picker.datalayer.engines import (
+    INFO_SIGNALS,
+    EngineProfile,
+    Signal,
+    profile_for,
+    split_key,
+)
 from picker.datalayer.parser import MetricsParseError, SnapshotBuilder
 from picker.datalayer.speed import SpeedLearner
 from picker.datalayer.stats import ScrapeCounters
@@ -94,15 +100,33 @@ def build_queries(profile: EngineProfile, addresses: Iterable[str],
     Backtick strings are raw in PromQL, so the regexes need no second escaping.
     """
     instances = "|".join(regex_escape(a) for a in sorted(addresses))
-    extra = f",{selector}" if selector else ""
-    waiting = "|".join(regex_escape(n) for n in profile.metric_names(Signal.WAITING))
-    sampled_at = f"timestamp({{__name__=~`{waiting}`,{instance_label}=~`{instances}`{extra}}})"
+    pods = f"{instance_label}=~`{instances}`" + (f",{selector}" if selector else "")
+    sampled_at = f"timestamp({signal_selector(profile, Signal.WAITING, pods)})"
     queries: dict[str, str] = {SAMPLED_AT: sampled_at}
     for signal in profile.signals():
-        names = "|".join(regex_escape(n) for n in profile.metric_names(signal))
-        queries[signal.value] = f"{{__name__=~`{names}`,{instance_label}=~`{instances}`{extra}}}"
+        queries[signal.value] = signal_selector(profile, signal, pods)
     queries[SAMPLED_AT_END] = sampled_at
     return queries
+
+
+def signal_selector(profile: EngineProfile, signal: Signal, pods: str) -> str:
+    """Every series of `signal` on the pods matched by `pods`, as one PromQL expression.
+
+    Plain names share one `__name__` regex; a label-selected series
+    (`name{label="value"}`) needs its own matcher, so it is a selector of its
+    own, joined by `or` (the series differ by name or label, so none is lost).
+    """
+    plain: list[str] = []
+    parts: list[str] = []
+    for key in profile.metric_names(signal):
+        family, label, value = split_key(key)
+        if label is None:
+            plain.append(regex_escape(family))
+        else:
+            parts.append(f"{{__name__=`{family}`,{label}=`{value}`,{pods}}}")
+    if plain:
+        parts.insert(0, f"{{__name__=~`{'|'.join(plain)}`,{pods}}}")
+    return " or ".join(parts)
 
 
 @dataclass
@@ -139,13 +163,13 @@ def fold_answers(profile: EngineProfile, answers: dict[str, list[dict[str, Any]]
             if key == SAMPLED_AT_END:
                 fold.sampled_at_end = max(fold.sampled_at_end, value)
                 continue
-            name = labels.get("__name__")
-            if name not in profile.names:
+            key = profile.key_of(labels.get("__name__", ""), labels)
+            if key is None:
                 continue
-            if profile.names[name] in INFO_SIGNALS:
-                fold.builder.add_info(name, labels, value)
+            if profile.names[key] in INFO_SIGNALS:
+                fold.builder.add_info(key, labels, value)
             else:
-                fold.builder.add(name, value)
+                fold.builder.add(key, value)
     return folds
 
 
