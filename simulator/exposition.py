@@ -20,6 +20,15 @@ def fmt(value: float) -> str:
     return _SPECIAL.get(text, text)
 
 
+def fmt_integral(value: float) -> str:
+    """A sample value as prometheus-cpp (Triton's exporter) writes it: integral values
+    without a decimal point (`6239`, `1700074049`), others as floats (`0.4875`)."""
+    value = float(value)
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return fmt(value)
+
+
 def escape(value: str) -> str:
     """A label value with backslash, double quote and newline escaped."""
     if "\\" not in value and '"' not in value and "\n" not in value:
@@ -67,6 +76,19 @@ class Page:
             le = f'le="{fmt(bound)}"'
             both = f"{le},{labels}" if le_first else (f"{labels},{le}" if labels else le)
             self.sample(f"{name}_bucket", both, count)
+        self.sample(f"{name}_count", labels, cumulative[-1])
+        self.sample(f"{name}_sum", labels, total)
+
+    def histogram_sorted(self, name: str, before: str, after: str, bounds: Sequence[float],
+                         cumulative: Sequence[float], total: float) -> None:
+        """Like `histogram_series`, with `le` between the `before` and `after` label texts:
+        prometheus_client sorts label names, so `le` lands where it sorts
+        (`engine="0",le="1.0",model_name="m"` on a vLLM page)."""
+        head = f"{before}," if before else ""
+        tail = f",{after}" if after else ""
+        labels = ",".join(part for part in (before, after) if part)
+        for bound, count in zip((*bounds, math.inf), cumulative, strict=True):
+            self.sample(f"{name}_bucket", f'{head}le="{fmt(bound)}"{tail}', count)
         self.sample(f"{name}_count", labels, cumulative[-1])
         self.sample(f"{name}_sum", labels, total)
 

@@ -105,6 +105,8 @@ class PodServer:
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.get_load_calls = 0  # how often a router polled /get_load (benchmarks check it)
+        self._page_options = spec.page_options()
+        self._started_at = time.time()  # the `_created` value of vLLM's counters
 
     @property
     def host(self) -> str:
@@ -122,6 +124,7 @@ class PodServer:
         the listener opened unless those faults include a crash."""
         await self.engine.stop()  # the previous incarnation's loop, if any
         self.engine = self._new_engine()
+        self._started_at = time.time()
         self._crashed = False
         self.faults = FaultState()
         self.set_faults(self.spec.faults if faults is None else faults, at_start=True)
@@ -260,7 +263,7 @@ class PodServer:
                 request.transport.abort()
             raise asyncio.CancelledError
         body = metrics_text.GARBLED if mode == "garbled" else metrics_text.render(
-            self.engine, self.spec.engine)
+            self.engine, self.spec.engine, self._page_options, self._started_at)
         return web.Response(body=body, headers={"Content-Type": metrics_text.CONTENT_TYPE})
 
     async def _get_load(self, _request: web.Request) -> web.Response:

@@ -14,14 +14,15 @@ import yaml
 
 from simulator.engine import EngineConfig
 from simulator.faults import FaultError, FaultState
+from simulator.metrics_text import FAMILIES, VERSIONS, PageOptions
 from simulator.profiles import EngineProfile, build_profile
 
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", "trtllm")
 DEFAULT_HOST = "127.0.0.1"
 POD_FIELDS = {
     "name", "gpu", "model", "engine", "port", "host", "max_loras", "lora_adapters",
     "max_num_seqs", "max_queue", "max_num_batched_tokens", "model_size", "tensor_parallel",
-    "profile", "faults",
+    "profile", "faults", "data_parallel", "metrics_version", "omit_metrics",
 }
 FLEET_FIELDS = {"pods", "seed", "time_scale"}
 
@@ -49,6 +50,13 @@ class PodSpec:
     tensor_parallel: int | None = None
     profile: dict[str, Any] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
+    data_parallel: int = 1
+    metrics_version: str | None = None
+    omit_metrics: tuple[str, ...] = ()
+
+    def page_options(self) -> PageOptions:
+        """What this pod's /metrics page writes (metrics_text.PageOptions)."""
+        return PageOptions.build(self.omit_metrics, self.data_parallel, self.metrics_version)
 
     def build_profile(self) -> EngineProfile:
         return build_profile(self.gpu, self.model, model_size=self.model_size,
@@ -136,7 +144,12 @@ def _parse_pod(data: Any, index: int, default_host: str) -> PodSpec:
         tensor_parallel=data.get("tensor_parallel"),
         profile=dict(data.get("profile") or {}),
         faults=dict(data.get("faults") or {}),
+        data_parallel=_int(data, "data_parallel", 1, where),
+        metrics_version=_metrics_version(data, engine, where),
+        omit_metrics=_omit_metrics(data, engine, where),
     )
+    if pod.data_parallel > 1 and engine != "vllm":
+        raise SpecError(f"{where}.data_parallel: only vllm pods write per-rank series")
     if pod.port > 65535:
         raise SpecError(f"{where}.port: must be <= 65535")
     if pod.tensor_parallel is not None and pod.tensor_parallel not in (1, 2, 4, 8):
@@ -147,6 +160,27 @@ def _parse_pod(data: Any, index: int, default_host: str) -> PodSpec:
     except (ValueError, FaultError) as e:
         raise SpecError(f"{where}: {e}") from e
     return pod
+
+
+def _metrics_version(data: dict[str, Any], engine: str, where: str) -> str | None:
+    version = data.get("metrics_version")
+    if version is None:
+        return None
+    known = [name for name, v in VERSIONS.items() if v.engine == engine]
+    if version not in known:
+        raise SpecError(f"{where}.metrics_version: must be one of {', '.join(known) or '-'}"
+                        f" for engine {engine}")
+    return str(version)
+
+
+def _omit_metrics(data: dict[str, Any], engine: str, where: str) -> tuple[str, ...]:
+    names = data.get("omit_metrics") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise SpecError(f"{where}.omit_metrics: must be a list of family names")
+    unknown = sorted(set(names) - FAMILIES[engine])
+    if unknown:
+        raise SpecError(f"{where}.omit_metrics: {engine} pages have no {', '.join(unknown)}")
+    return tuple(names)
 
 
 def _check_unique(pods: tuple[PodSpec, ...]) -> None:
