@@ -257,11 +257,11 @@ def render_sglang(state: PodState) -> str:
     return page.text()
 
 
-TRITON_MAX_REQUESTS = 512  # request_type="max" on the fixture page
+TRITON_MAX_REQUESTS = 256  # request_type="max" (a server setting) on the fixture page
 
 
 def _triton_number(value: float) -> str:
-    """Triton writes whole numbers without a fraction (`512`, not `512.0`)."""
+    """Triton writes whole numbers without a fraction (`256`, not `256.0`)."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
@@ -308,7 +308,7 @@ def render_trtllm(state: PodState) -> str:
                                     ("active", s.waiting + s.running)))
     _triton_family(page, "nv_trt_llm_runtime_memory_metrics", "gauge",
                    "TRT LLM runtime memory metrics", "memory_type",
-                   (("pinned", 0.0), ("gpu", 1610236.0), ("cpu", 0.0)))
+                   (("pinned", 0.0), ("gpu", 2101248.0), ("cpu", 0.0)))
     _triton_family(page, "nv_trt_llm_kv_cache_block_metrics", "gauge",
                    "TRT LLM KV cache block metrics", "kv_cache_block_type",
                    (("fraction", s.kv_usage), ("tokens_per", s.block_size), ("used", used),

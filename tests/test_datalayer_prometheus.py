@@ -438,8 +438,8 @@ async def test_prometheus_source_reads_triton_trtllm_like_direct_scraping(
         assert _same_columns(prom, scraped, addresses[0]) == {}
         row = _row(prom, addresses[0])
         assert (prom.table.waiting[row], prom.table.running[row],
-                prom.table.kv_usage[row]) == (1, 1, 0.4875)
-        assert (prom.table.kv_block_size[row], prom.table.kv_num_blocks[row]) == (64, 6239)
+                prom.table.kv_usage[row]) == (3, 7, 0.3125)
+        assert (prom.table.kv_block_size[row], prom.table.kv_num_blocks[row]) == (32, 4000)
     finally:
         await collector.stop()
 

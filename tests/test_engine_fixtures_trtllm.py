@@ -90,7 +90,7 @@ def test_html_error_page_is_a_failed_scrape() -> None:
 def test_other_request_types_do_not_count_as_running() -> None:
     """`active` and `context` share the family with `scheduled`; only `scheduled` is read."""
     text = (FIXTURES / TRITON).read_text().replace(
-        'request_type="scheduled",version="1"} 1', 'request_type="scheduled",version="1"} 9')
+        'request_type="scheduled",version="1"} 7', 'request_type="scheduled",version="1"} 9')
     assert parse_metrics(text, profile_for("trtllm")).get(Signal.RUNNING) == 9
 
 
