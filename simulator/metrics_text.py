@@ -79,6 +79,9 @@ class Version:
 
 
 VERSIONS: dict[str, Version] = {
+    # vLLM before the per-rank `engine` label (a 0.8 V1 page; the 0.7 V0 page has the same
+    # label names): `model_name` only, so no data-parallel split
+    "vllm-0.8": Version("vllm", "vllm-0.8-v1-production-stack-318.txt", old_labels=True),
     # the whole example page of SGLang's 0.4-era docs: no queue-time histogram, no
     # cache_config_info, TPOT under its old name, the model_name label only
     "sglang-0.4": Version(
@@ -229,10 +232,13 @@ _CREATED: dict[tuple[str, tuple[str, ...]], tuple[float, str]] = {}
 
 
 @lru_cache(maxsize=1024)
-def _vllm_labels(model: str, ranks: int) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+def _vllm_labels(model: str, ranks: int,
+                 old: bool) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """Each rank's label text, and the same cut where `le` sorts in (engine < le <
-    model_name), built once per model and rank count."""
+    model_name), built once per model and rank count; `old`: `model_name` only."""
     model = escape(model)
+    if old:
+        return (f'model_name="{model}"',), (("", f'model_name="{model}"'),)
     return (tuple(f'engine="{r}",model_name="{model}"' for r in range(ranks)),
             tuple((f'engine="{r}"', f'model_name="{model}"') for r in range(ranks)))
 
@@ -254,7 +260,7 @@ def render_vllm(engine: Engine, options: PageOptions = DEFAULT_OPTIONS,
     histograms are all on rank 0, empty on the others."""
     stats, kv = engine.stats, engine.kv
     ranks = options.data_parallel
-    out = _Text(*_vllm_labels(engine.config.model, ranks), options)
+    out = _Text(*_vllm_labels(engine.config.model, ranks, options.old_labels), options)
 
     def split(total: int) -> list[int]:
         return split_count(total, ranks) if ranks > 1 else [total]

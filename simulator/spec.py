@@ -148,8 +148,9 @@ def _parse_pod(data: Any, index: int, default_host: str) -> PodSpec:
         metrics_version=_metrics_version(data, engine, where),
         omit_metrics=_omit_metrics(data, engine, where),
     )
-    if pod.data_parallel > 1 and engine != "vllm":
-        raise SpecError(f"{where}.data_parallel: only vllm pods write per-rank series")
+    if pod.data_parallel > 1 and (engine != "vllm" or pod.page_options().old_labels):
+        raise SpecError(f"{where}.data_parallel: only vllm pods with the engine label write"
+                        " per-rank series")
     if pod.port > 65535:
         raise SpecError(f"{where}.port: must be <= 65535")
     if pod.tensor_parallel is not None and pod.tensor_parallel not in (1, 2, 4, 8):
