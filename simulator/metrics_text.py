@@ -256,8 +256,8 @@ def render_vllm(engine: Engine, options: PageOptions = DEFAULT_OPTIONS,
                 created: float = 0.0) -> bytes:
     """vLLM V1's page. With `data_parallel: N` every family has one series per rank
     (`engine="0"` ... `engine="N-1"`): counts and counters are split with `split_count`,
-    every rank reports the pod's KV usage (each holds its share of blocks and load), and the
-    histograms are all on rank 0, empty on the others."""
+    every rank reports the pod's KV usage (each holds its share of blocks and load), and
+    `request_success_total` and the histograms are on rank 0 (empty histograms elsewhere)."""
     stats, kv = engine.stats, engine.kv
     ranks = options.data_parallel
     out = _Text(*_vllm_labels(engine.config.model, ranks, options.old_labels), options)
