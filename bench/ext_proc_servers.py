@@ -51,6 +51,7 @@ from typing import Any
 import yaml
 
 from bench.ext_proc_stubs import STUBS
+from bench.output import write_results
 from bench.overhead import LUA, _body, _wrk
 from bench.procs import Child, cpu_seconds, machine_cpu, start_child, wait_log_line, wait_until
 from contract import headers
@@ -479,10 +480,7 @@ def main(argv: list[str] | None = None, command: str | None = None) -> int:
         "summary": summarize(samples),
         "samples": samples,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ext_proc_servers.json").write_text(json.dumps(doc, indent=1))
-    (args.out / "ext_proc_servers.md").write_text(render(doc))
-    print(render(doc))
+    write_results(args.out, "ext_proc_servers", doc, render(doc))
     return 0
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from bench.fleet import SimFleet
 from bench.loadgen import LoadGenerator
+from bench.output import write_results
 from bench.routers import ROUTERS
 from bench.runner import _ssl_context, tls_material
 from bench.workload import Corpus, RequestSpec, chat_body, chat_prompt_tokens, lognormal
@@ -188,10 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="igw-guidellm-") as tmp:
         doc = asyncio.run(check(args.guidellm, Path(tmp)))
     doc["guidellm_version"] = version
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "guidellm-check.json").write_text(json.dumps(doc, indent=1))
-    (args.out / "guidellm-check.md").write_text(render(doc))
-    print(render(doc))
+    write_results(args.out, "guidellm-check", doc, render(doc))
     return 0
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fleet import Pod
+from bench.output import write_results
 from bench.procs import cpu_seconds, start_child, wait_log_line
 from bench.routers import ROUTERS, Router, versions
 from igw.ports import free_ports
@@ -248,10 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration,
         "results": results,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overhead.json").write_text(json.dumps(doc, indent=1))
-    (args.out / "overhead.md").write_text(render(doc))
-    print(render(doc))
+    write_results(args.out, "overhead", doc, render(doc))
     return 0 if all("error" not in r for r in results) else 1
 
 
