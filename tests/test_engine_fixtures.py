@@ -117,6 +117,21 @@ def test_newest_lora_series_wins_even_when_it_is_not_last(name: str) -> None:
         expected["lora"]["running"], expected["lora"]["waiting"], expected["lora"]["max_lora"])
 
 
+@pytest.mark.parametrize("name", sorted(n for n, e in EXPECTED.items() if "after" in e))
+def test_excerpt_without_gauges_read_after_a_page_of_its_kind(name: str) -> None:
+    """Histogram or info-gauge runs of a real page, read after a page that has the queue gauges."""
+    expected = EXPECTED[name]
+    profile = profile_for(expected["engine"])
+    text = read(expected["after"]) + read(name)
+    snap = parse_metrics(text, profile)
+    for key, value in expected["after_values"].items():
+        assert snap.get(Signal(key)) == pytest.approx(value), (name, key)
+    for key in expected.get("absent", ()):
+        assert Signal(key) not in snap.values, (name, key)
+    for signal, value in reference_values(text, profile).items():
+        assert snap.get(signal) == pytest.approx(value), (name, signal)
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("body", [JSON_BODY, HTML_BODY, "", "\n", "# HELP x y\n# TYPE x gauge\n"],
                          ids=["json", "html", "empty", "newline", "help-type-only"])
