@@ -333,16 +333,34 @@ def _lora_info(out: _Text, engine: Engine) -> None:
 
 
 def _cache_config(out: _Text, engine: Engine) -> None:
-    """The label set of the real gauge (vllm-0.7-v0-aibrix-docs.txt): CacheConfig's fields
-    only, no engine or model_name; our values."""
+    """The real gauge's label set, our values: CacheConfig's fields sorted by name, with
+    each rank's `engine` among them and no `model_name` (vLLM 0.11.0,
+    vllm-0.11.0-cache-config-info-issue-28924.txt); the older, shorter set without
+    `engine` for the older versions (vllm-0.7-v0-aibrix-docs.txt)."""
     if "vllm:cache_config_info" in out.omit:
         return
-    out.metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
-               f'block_size="{engine.profile.block_size}",cache_dtype="auto",'
-               'calculate_kv_scales="False",cpu_offload_gb="0",enable_prefix_caching="True",'
-               'gpu_memory_utilization="0.9",is_attention_free="False",num_cpu_blocks="0",'
-               f'num_gpu_blocks="{engine.kv.num_blocks}",num_gpu_blocks_override="None",'
-               'sliding_window="None",swap_space_bytes="0"', 1.0)
+    size, blocks = engine.profile.block_size, engine.kv.num_blocks
+    help_text = "Information of the LLMEngine CacheConfig"
+    if out.options.old_labels:
+        out.metric("vllm:cache_config_info", "gauge", help_text,
+                   f'block_size="{size}",cache_dtype="auto",'
+                   'calculate_kv_scales="False",cpu_offload_gb="0",enable_prefix_caching="True",'
+                   'gpu_memory_utilization="0.9",is_attention_free="False",num_cpu_blocks="0",'
+                   f'num_gpu_blocks="{blocks}",num_gpu_blocks_override="None",'
+                   'sliding_window="None",swap_space_bytes="0"', 1.0)
+        return
+    out.head("vllm:cache_config_info", "gauge", help_text)
+    for rank in range(out.options.data_parallel):
+        out.sample("vllm:cache_config_info",
+                   f'block_size="{size}",cache_dtype="auto",calculate_kv_scales="False",'
+                   'cpu_kvcache_space_bytes="None",cpu_offload_gb="0.0",'
+                   f'enable_prefix_caching="True",engine="{rank}",gpu_memory_utilization="0.9",'
+                   'is_attention_free="False",kv_cache_memory_bytes="None",'
+                   'kv_sharing_fast_prefill="False",mamba_cache_dtype="auto",'
+                   'mamba_page_size_padded="None",mamba_ssm_cache_dtype="auto",'
+                   f'num_cpu_blocks="None",num_gpu_blocks="{blocks}",'
+                   'num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",'
+                   'sliding_window="None",swap_space="0.0",swap_space_bytes="0.0"', 1.0)
 
 
 def render_sglang(engine: Engine, options: PageOptions = DEFAULT_OPTIONS) -> bytes:

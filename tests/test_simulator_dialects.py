@@ -33,6 +33,7 @@ MODEL = "llama-3.1-8b"
 DIALECTS: dict[str, dict[str, Any]] = {
     "vllm-0.10-dp2-": {"engine": "vllm", "data_parallel": 2},
     "vllm-0.10.0-": {"engine": "vllm"},
+    "vllm-0.11.0-": {"engine": "vllm"},
     "vllm-0.8-": {"engine": "vllm", "metrics_version": "vllm-0.8"},
     "vllm-0.7-": {"engine": "vllm", "metrics_version": "vllm-0.8"},
     "vllm-lora-": {"engine": "vllm"},
@@ -41,7 +42,9 @@ DIALECTS: dict[str, dict[str, Any]] = {
     "triton-trtllm-2025-04": {"engine": "trtllm"},
     "triton-trtllm-2025-02": {"engine": "trtllm", "metrics_version": "triton-trtllm-2025-02"},
 }
-NOT_SPOKEN = ("trtllm-serve-", "triton-trtllm-issue49-", "triton-20.03-", "vllm-0.5.4-")
+# vllm-0.6-...-pr-11117: an unmerged branch's per-adapter `model_name` series, never released
+NOT_SPOKEN = ("trtllm-serve-", "triton-trtllm-issue49-", "triton-20.03-", "vllm-0.5.4-",
+              "vllm-0.6-v0-lora-model-name-pr-11117")
 # labels whose values are fixed names on the real page (not numbers or model names)
 FIXED_LABELS = {"request_type", "kv_cache_block_type", "memory_type", "general_type",
                 "inflight_batcher_specific_metric", "disaggregated_serving_type"}
