@@ -42,6 +42,7 @@ WEIGHT_NAMES = (
 )
 FAILURE_MODES = ("closed", "open")
 METRICS_SOURCES = ("scrape", "prometheus")
+COORDINATION_SCHEMES = ("redis", "rediss")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -116,6 +117,37 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CoordinationConfig:
+    """Shared routing state between gateway replicas, through Redis (docs/coordination.md).
+
+    Absent (`GatewayConfig.coordination is None`): each replica routes on what
+    it sees alone, exactly as a single gateway does.
+    """
+
+    # redis://HOST:PORT/DB, or rediss:// for TLS.
+    url: str
+    # A file whose whole content (trailing newline stripped) is the password: a
+    # mounted Kubernetes Secret is such a file. Read at start, never logged.
+    password_file: str | None = None
+    # Prefix of every key; None: derived from metadata (`GatewayConfig.coordination_prefix`).
+    key_prefix: str | None = None
+    # How long a dispatch or completion waits locally to be batched with others.
+    flush_interval_s: float = 0.005
+    # How often a replica says it is alive (an empty batch when nothing else was sent).
+    heartbeat_interval_s: float = 1.0
+    # Silence after which a replica counts as dead and its in-flight work is released.
+    replica_timeout_s: float = 5.0
+    # Deadline of every Redis call, connecting included.
+    timeout_s: float = 0.25
+    # Entries (batches) the shared stream keeps (XADD MAXLEN ~): bounds Redis memory.
+    stream_max_len: int = 10_000
+    # Events held locally while Redis is slow or down; the oldest is dropped beyond it.
+    buffer_size: int = 8192
+    # How often a replica stores the prefix-index and adapter snapshot late joiners read.
+    snapshot_interval_s: float = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
     schedulers: tuple[SchedulerConfig, ...]
     name: str = "gateway"
@@ -131,6 +163,14 @@ class GatewayConfig:
     envoy_admin_port: int = 9901
     max_fallbacks: int = 2
     namespace: str = "default"
+    coordination: CoordinationConfig | None = None
+
+    @property
+    def coordination_prefix(self) -> str:
+        """Key prefix in the shared Redis: the override, else one per gateway resource."""
+        if self.coordination is not None and self.coordination.key_prefix:
+            return self.coordination.key_prefix
+        return f"igw:{self.namespace}:{self.name}"
 
     def scheduler_for_model(self, model: str) -> SchedulerConfig | None:
         return next((s for s in self.schedulers if s.model_name == model), None)
@@ -410,6 +450,59 @@ def _check_unique(schedulers: tuple[SchedulerConfig, ...], path: str) -> None:
             seen_models[model] = where
 
 
+def _coordination(data: Any, path: str) -> CoordinationConfig | None:
+    if data is None:
+        return None
+    f = _Fields(data, path)
+    url = f.take("url")
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{f.at('url')}: required, redis://HOST:PORT/DB or rediss://...")
+    scheme = url.partition("://")[0]
+    if "://" not in url or scheme not in COORDINATION_SCHEMES:
+        raise ConfigError(
+            f"{f.at('url')}: scheme must be one of {', '.join(COORDINATION_SCHEMES)}; got {url!r}"
+        )
+    d = CoordinationConfig(url=url)
+    password_file = f.take("passwordFile")
+    if password_file is not None:
+        _typed(password_file, str, f.at("passwordFile"))
+    prefix = f.take("keyPrefix")
+    if prefix is not None and (not isinstance(prefix, str) or not prefix):
+        raise ConfigError(f"{f.at('keyPrefix')}: expected a non-empty string")
+    flush = parse_duration(f.take("flushInterval", d.flush_interval_s), f.at("flushInterval"))
+    heartbeat = parse_duration(
+        f.take("heartbeatInterval", d.heartbeat_interval_s), f.at("heartbeatInterval")
+    )
+    dead = parse_duration(f.take("replicaTimeout", d.replica_timeout_s), f.at("replicaTimeout"))
+    timeout = parse_duration(f.take("timeout", d.timeout_s), f.at("timeout"))
+    snapshot = parse_duration(
+        f.take("snapshotInterval", d.snapshot_interval_s), f.at("snapshotInterval")
+    )
+    max_len = _typed(f.take("streamMaxLen", d.stream_max_len), int, f.at("streamMaxLen"))
+    buffer = _typed(f.take("bufferSize", d.buffer_size), int, f.at("bufferSize"))
+    f.done()
+    if flush > 1.0:
+        raise ConfigError(f"{f.at('flushInterval')}: at most 1s, got {flush:g}s")
+    if dead <= 2 * heartbeat:
+        raise ConfigError(f"{f.at('replicaTimeout')}: must exceed twice heartbeatInterval")
+    if not 100 <= max_len <= 10_000_000:
+        raise ConfigError(f"{f.at('streamMaxLen')}: must be between 100 and 10000000")
+    if not 64 <= buffer <= 1_000_000:
+        raise ConfigError(f"{f.at('bufferSize')}: must be between 64 and 1000000")
+    return CoordinationConfig(
+        url=url,
+        password_file=password_file,
+        key_prefix=prefix,
+        flush_interval_s=flush,
+        heartbeat_interval_s=heartbeat,
+        replica_timeout_s=dead,
+        timeout_s=timeout,
+        stream_max_len=max_len,
+        buffer_size=buffer,
+        snapshot_interval_s=snapshot,
+    )
+
+
 def _gateway_fields(f: _Fields) -> dict[str, Any]:
     """Our additions at spec level, for running outside Kubernetes."""
     d = GatewayConfig(schedulers=())
@@ -443,6 +536,7 @@ def _gateway_fields(f: _Fields) -> dict[str, Any]:
         "envoy_admin_port": envoy_admin,
         "failure_mode": failure,
         "max_fallbacks": fallbacks,
+        "coordination": _coordination(f.take("coordination"), f.at("coordination")),
     }
 
 

@@ -297,5 +297,14 @@ def restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
         != new.bbr.max_request_body_bytes,
         "spec.tls": old.tls != new.tls,
         "spec.auth": old.jwt != new.jwt,
+        # The replica's Redis connection, identity and stream position are set up once.
+        "spec.coordination": _coordination_of(old) != _coordination_of(new),
     }
     return [name for name, changed in checks.items() if changed]
+
+
+def _coordination_of(config: GatewayConfig) -> tuple[object, str] | None:
+    """What the coordination link is made of: its settings and the key prefix it uses."""
+    if config.coordination is None:
+        return None
+    return (config.coordination, config.coordination_prefix)

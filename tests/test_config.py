@@ -11,6 +11,7 @@ import yaml
 
 from contract.config import (
     ConfigError,
+    CoordinationConfig,
     GatewayConfig,
     MetricsConfig,
     SchedulerConfig,
@@ -183,3 +184,48 @@ def test_an_omitted_field_takes_the_models_own_default():
 def test_models_are_keyword_only():
     with pytest.raises(TypeError):
         MetricsConfig("scrape")  # type: ignore[misc]
+
+
+def test_coordination_absent_by_default_and_parsed_when_given():
+    assert parse_config(doc()).coordination is None
+    config = parse_config(doc(coordination={"url": "redis://127.0.0.1:6379/0"}))
+    assert config.coordination == CoordinationConfig(url="redis://127.0.0.1:6379/0")
+    assert config.coordination_prefix == f"igw:{config.namespace}:{config.name}"
+    tuned = parse_config(
+        doc(
+            coordination={
+                "url": "rediss://cache:6380/1",
+                "passwordFile": "/secrets/redis",
+                "keyPrefix": "igw:blue",
+                "flushInterval": "2ms",
+                "heartbeatInterval": "500ms",
+                "replicaTimeout": "3s",
+                "streamMaxLen": 5000,
+            }
+        )
+    ).coordination
+    assert tuned is not None
+    assert (tuned.flush_interval_s, tuned.heartbeat_interval_s, tuned.replica_timeout_s) == (
+        0.002, 0.5, 3.0,
+    )
+    assert tuned.password_file == "/secrets/redis" and tuned.stream_max_len == 5000
+    assert parse_config(doc(coordination={"url": "redis://r", "keyPrefix": "igw:blue"})) \
+        .coordination_prefix == "igw:blue"
+
+
+@pytest.mark.parametrize(
+    ("coordination", "field"),
+    [
+        ({}, "spec.coordination.url"),
+        ({"url": "http://redis:6379"}, "spec.coordination.url"),
+        ({"url": "redis://r", "colour": 1}, "spec.coordination.colour"),
+        ({"url": "redis://r", "flushInterval": "soon"}, "spec.coordination.flushInterval"),
+        ({"url": "redis://r", "replicaTimeout": "1s"}, "spec.coordination.replicaTimeout"),
+        ({"url": "redis://r", "streamMaxLen": 5}, "spec.coordination.streamMaxLen"),
+        ({"url": "redis://r", "bufferSize": "big"}, "spec.coordination.bufferSize"),
+        ({"url": "redis://r", "keyPrefix": ""}, "spec.coordination.keyPrefix"),
+        ("redis://r", "spec.coordination"),
+    ],
+)
+def test_coordination_errors_name_the_field(coordination, field):
+    assert field in error_of(doc(coordination=coordination))

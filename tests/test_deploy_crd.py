@@ -201,6 +201,21 @@ ACCEPTED: dict[str, Callable[[], dict[str, Any]]] = {
         "metadata": {"name": "gw", "namespace": "models", "labels": {"a": "b"}},
     },
     "sglang least-request": lambda: with_scheduler(engineType="sglang", scheduler="least-request"),
+    "coordination url only": lambda: with_spec(coordination={"url": "redis://redis:6379/0"}),
+    "coordination every field": lambda: with_spec(
+        coordination={
+            "url": "rediss://cache.example:6380/2",
+            "passwordFile": "/var/run/secrets/redis/password",
+            "keyPrefix": "igw:prod",
+            "flushInterval": "2ms",
+            "heartbeatInterval": "500ms",
+            "replicaTimeout": "3s",
+            "timeout": "100ms",
+            "snapshotInterval": "1m",
+            "streamMaxLen": 100000,
+            "bufferSize": 4096,
+        }
+    ),
 }
 
 # Broken configs: the CRD's schema or CEL rules and the picker both refuse them.
@@ -222,6 +237,12 @@ REJECTED: dict[str, Callable[[], dict[str, Any]]] = {
     "kv threshold above 1": lambda: with_scheduler(saturation={"kvCacheThreshold": 1.5}),
     "upper-case name": lambda: with_scheduler(name="Llama"),
     "no schedulers": lambda: with_spec(schedulers=[]),
+    "coordination without url": lambda: with_spec(coordination={"flushInterval": "5ms"}),
+    "coordination http url": lambda: with_spec(coordination={"url": "http://redis:6379"}),
+    "coordination unknown field": lambda: with_spec(coordination={"url": "redis://r", "db": 1}),
+    "coordination tiny stream": lambda: with_spec(
+        coordination={"url": "redis://r", "streamMaxLen": 10}
+    ),
     "101 schedulers": lambda: with_spec(
         bbr={"enabled": True},
         schedulers=[
@@ -325,6 +346,11 @@ def test_schema_covers_exactly_the_picker_fields():
         "ports",
         "failureMode",
         "maxFallbacks",
+        "coordination",
+    }
+    assert set(spec["coordination"]["properties"]) == {
+        "url", "passwordFile", "keyPrefix", "flushInterval", "heartbeatInterval",
+        "replicaTimeout", "timeout", "snapshotInterval", "streamMaxLen", "bufferSize",
     }
     sched = spec["schedulers"]["items"]["properties"]
     assert set(sched) == {
