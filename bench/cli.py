@@ -4,6 +4,7 @@
     igw bench --scenario mixed --routers igw-llm-d,envoy-rr --duration 20
     igw bench --smoke                              # seconds: tiny fleet, two routers
     igw bench --overhead                           # added latency and CPU per request
+    igw bench --replicas 1,2,4 --no-coordination   # N gateways behind an L4 front
     igw bench --ext-proc-servers                   # grpc.aio vs grpclib vs ours behind Envoy
     igw bench --guidellm-check --guidellm PATH     # TTFT cross-check with guidellm
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import os
 import platform
 import sys
@@ -72,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", action="store_true",
                    help="print the perfect-information replay (bench/replay.py) of --scenario "
                         "at --seed without starting any process")
+    p.add_argument("--replicas", default=None, metavar="N[,N...]",
+                   help="igw-llm-d as N replicas behind an L4 tcp_proxy front "
+                        "(bench/replicas.py), coordinated through a redis-server; results "
+                        "merged into bench/results/replicas.md (+ .json)")
+    p.add_argument("--no-coordination", action="store_true",
+                   help="with --replicas: the replicas do not coordinate")
+    p.add_argument("--compare-coordination", action="store_true",
+                   help="with --replicas: run both, coordinated and not, alternated")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with --replicas: alternated repeats of every configuration")
+    p.add_argument("--scrape-load", type=float, default=None, metavar="SECONDS",
+                   help="with --replicas: measure the pods' scrape load at each N instead")
     p.add_argument("--rerender", action="store_true",
                    help="rebuild REPORT.md and plots from the <scenario>.json files in --out "
                         "(default bench/results) without running anything")
@@ -107,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         return rerender(args.out or RESULTS)
     if args.replay:
         return print_replay(_scenarios(args.scenario), args.seed, args.duration, args.time_scale)
+    if args.replicas:
+        return replicas_main(args, argv)
     if args.smoke:
         names = ["tiny"]
         routers = parse_routers(args.routers or "igw-llm-d,envoy-rr")
@@ -163,6 +179,39 @@ async def _run(names: list[str], routers, args: argparse.Namespace, out: Path, w
     return 1 if failed else 0
 
 
+def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """`--replicas`: the scenarios at each N (or the scrape load), merged into
+    replicas.json / replicas.md (in --out when given, else bench/results)."""
+    from bench.replicas import render_markdown, replica_specs, scrape_load, update_results
+    from bench.runner import tls_material
+
+    counts = [int(n) for n in args.replicas.split(",")]
+    coordination = [False, True] if args.compare_coordination else [not args.no_coordination]
+    results = args.out or RESULTS
+    table = results / "replicas.json"
+    command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    with tempfile.TemporaryDirectory(prefix="igw-bench-") as tmp:
+        work = args.work or Path(tmp)
+        if args.scrape_load:
+            pods = SCENARIOS[args.scenario if args.scenario != "all" else "mixed"].plan(0).pods
+            load = scrape_load(work, pods, counts, args.scrape_load, tls_material(work))
+            doc = json.loads(table.read_text()) if table.exists() else {}
+            doc["scrape_load"] = {**load, "command": command}
+            table.write_text(json.dumps(doc, indent=1))
+            failed = 0
+        else:
+            names = ["tiny"] if args.smoke else _scenarios(args.scenario)
+            routers = replica_specs(counts, coordination, args.repeats)
+            out = results / "partial" / "replicas"
+            failed = asyncio.run(_run(names, routers, args, out, work, False, command))
+            meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    "command": command}
+            doc = update_results(out, names, table, meta)
+    (results / "replicas.md").write_text(render_markdown(doc))
+    print(f"replicas: {results / 'replicas.md'}", flush=True)
+    return failed
+
+
 def print_replay(names: list[str], seed: int, duration: float | None,
                  time_scale: float | None) -> int:
     """One line per scenario (and pool): TTFT p95 / p99 of each replay policy, and best-ttft's
@@ -192,8 +241,6 @@ def print_replay(names: list[str], seed: int, duration: float | None,
 
 def rerender(out: Path) -> int:
     """REPORT.md and plots again from the raw JSON of a previous run (same seed and scale)."""
-    import json
-
     from bench.report import load_runs, write_scenario
 
     sections, headline = [], []

@@ -26,7 +26,9 @@ the rest of the stream is counted, not decoded, to keep the client cheap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import random
 import ssl
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -151,8 +153,12 @@ class LoadGenerator:
         ssl_context: ssl.SSLContext | None = None,
         on_done: Callable[[Result], None] | None = None,
         request_timeout_s: float | None = None,
+        clients: int = 1,
     ) -> None:
         self.specs = list(specs)
+        # which client sends each request: seeded, so the same for every router
+        rng = random.Random(0)
+        self.client_of = [rng.randrange(clients) for _ in self.specs]
         self.url_for = url_for
         self.scale = time_scale
         self.cap = concurrency_cap
@@ -167,23 +173,34 @@ class LoadGenerator:
         self.window_end = float("inf")  # monotonic time the arrival window closes
         self.arrivals_done_at: float | None = None
 
-    async def run(self) -> list[Result]:
+    def _session(self) -> aiohttp.ClientSession:
+        """One client: its own keep-alive connection pool."""
         connector = aiohttp.TCPConnector(
             limit=self.cap, limit_per_host=0, ssl=self.ssl_context or False,
             keepalive_timeout=30, ttl_dns_cache=None,
         )
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s, connect=10)
-        async with aiohttp.ClientSession(
+        return aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False,
             skip_auto_headers=("User-Agent",),
-        ) as session:
+        )
+
+    async def run(self) -> list[Result]:
+        """Each request is sent by one of `clients` clients (drawn at random, seeded): with
+        several, the requests come over independent connection pools, as from many users
+        behind an L4 load balancer (which spreads connections: one client's reused
+        connections would all land on one backend)."""
+        async with contextlib.AsyncExitStack() as stack:
+            sessions = [await stack.enter_async_context(self._session())
+                        for _ in range(max(self.client_of, default=0) + 1)]
             self.t0 = time.monotonic()
             deadline = self.t0 + self.time_cap_s
             if self.specs:
                 self.window_end = self.t0 + self.window_s()
             tasks = await send_open_loop(
                 (self.t0 + spec.at / self.scale for spec in self.specs),
-                lambda i, target: self._one(session, self.specs[i], target),
+                lambda i, target: self._one(sessions[self.client_of[i]], self.specs[i],
+                                            target),
                 deadline=deadline,
                 full=lambda: self.in_flight >= self.cap,
                 on_full=lambda i, target: self._finish(self._result(

@@ -127,7 +127,7 @@ def _pool_ports(fleet: SimFleet) -> dict[str, list[str]]:
     return {model: [p.address for p in pods] for model, pods in fleet.pools().items()}
 
 
-def _probe(url: str, model: str, tls: TlsMaterial | None) -> bool:
+def probe(url: str, model: str, tls: TlsMaterial | None) -> bool:
     """One tiny real request through the router: the only readiness that means the same
     thing for every router (listener up, workers registered, a pod reachable)."""
     # a prompt of ordinary size: the gateway learns pod speeds from every request, and a
@@ -147,6 +147,11 @@ def _probe(url: str, model: str, tls: TlsMaterial | None) -> bool:
 
 class Router:
     """Base: subclasses start their processes in `start` and fill `children` and `urls`."""
+
+    # independent clients (each its own keep-alive pool) the load generator sends from:
+    # one for a router that balances requests itself; many for one behind an L4 front,
+    # which spreads connections, not requests (bench/replicas.py)
+    clients = 1
 
     def __init__(self, spec: RouterSpec) -> None:
         self.spec = spec
@@ -172,7 +177,7 @@ class Router:
         """Until one tiny request per pool succeeds through the router."""
         for i, (model, url) in enumerate(self.urls.items()):
             child = self.children[min(i, len(self.children) - 1)]
-            wait_until(lambda u=url, m=model: _probe(u, m, self.tls), child, START_TIMEOUT_S,
+            wait_until(lambda u=url, m=model: probe(u, m, self.tls), child, START_TIMEOUT_S,
                        f"{self.name} ({model})")
 
     def pids(self) -> dict[str, int]:
@@ -186,6 +191,10 @@ class Router:
         for child in reversed(self.children):
             child.stop(timeout=20)
 
+    def before_measure(self) -> None:
+        """Called after the warm-up, just before the measured run: a router that reports
+        counters of the measured run alone (`diagnostics`) takes their first reading here."""
+
     def diagnostics(self) -> dict[str, Any]:
         """Router-side state worth keeping with the results (after the run)."""
         return {}
@@ -195,6 +204,74 @@ class Router:
                 "policy": self.spec.policy, "scheme": self.scheme,
                 "commands": [" ".join(c.proc.args) if isinstance(c.proc.args, list)
                              else str(c.proc.args) for c in self.children]}
+
+
+def gateway_config(spec: RouterSpec, fleet: SimFleet, tls: TlsMaterial,
+                   time_scale: float) -> dict[str, Any]:
+    """The `igw serve` config of one gateway in front of the fleet, on fresh free ports:
+    one scheduler per pool with the router's profile, clocks divided by time_scale."""
+    listen, picker, admin, metrics, envoy_admin = free_ports(5)
+    schedulers = []
+    for i, (model, pods) in enumerate(fleet.pools().items()):
+        adapters = sorted({a for p in pods for a in p.lora_adapters})
+        schedulers.append({
+            "name": f"pool-{i}",
+            "modelName": model,
+            "endpoints": [p.address for p in pods],
+            "scheduler": spec.policy,
+            "engineType": "vllm",
+            "loraAdapters": adapters,
+            "metrics": {"interval": f"{50 / time_scale:.3f}ms",
+                        "staleAfter": f"{2000 / time_scale:.3f}ms"},
+            "saturation": {"queueTimeout": f"{10000 / time_scale:.3f}ms"},
+        })
+        if spec.name.endswith("-noadmit"):
+            schedulers[-1]["saturation"].update(
+                {"queueThreshold": 1_000_000, "kvCacheThreshold": 1.0})
+    return {
+        "apiVersion": "inference-gateway.io/v1alpha1",
+        "kind": "InferenceGatewayConfig",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "tls": {"certificateFile": str(tls.cert), "keyFile": str(tls.key)},
+            "bbr": {"enabled": True},
+            "schedulers": schedulers,
+            "listener": {"address": "127.0.0.1", "port": listen},
+            "ports": {"picker": picker, "admin": admin, "metrics": metrics,
+                      "envoyAdmin": envoy_admin},
+        },
+    }
+
+
+def spawn_gateway(state: Path, config: dict[str, Any]) -> Child:
+    """Start `igw serve` on `config` with its own state dir (not yet ready: see
+    `wait_gateway`, so that several gateways can start at once)."""
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    log = state / "igw.log"
+    log.unlink(missing_ok=True)
+    return start_child(
+        "igw serve",
+        [sys.executable, "-m", "igw.cli", "serve", "--config", str(path), "--state-dir",
+         str(state)],
+        log,
+    )
+
+
+def wait_gateway(child: Child) -> None:
+    """Until `igw serve` prints its URL (Envoy and picker up)."""
+    wait_log_line(child, lambda line: line.startswith("https://"), START_TIMEOUT_S)
+
+
+def gateway_pids(root: int, suffix: str = "") -> dict[str, int]:
+    """The processes of one `igw serve` (supervisor, picker, Envoy), for CPU accounting."""
+    out = {f"igw-supervisor{suffix}": root}
+    for pid in descendants(root):
+        name = process_name(pid)
+        key = ("envoy" if name == "envoy" else ("picker" if name == "picker" else name)) + suffix
+        out[key if key not in out else f"{key}-{pid}"] = pid
+    return out
 
 
 class GatewayRouter(Router):
@@ -207,54 +284,13 @@ class GatewayRouter(Router):
 
     def start(self, work: Path, fleet: SimFleet, tls: TlsMaterial, time_scale: float) -> None:
         self.tls = tls
-        listen, picker, admin, metrics, envoy_admin = free_ports(5)
-        schedulers = []
-        for i, (model, pods) in enumerate(fleet.pools().items()):
-            adapters = sorted({a for p in pods for a in p.lora_adapters})
-            schedulers.append({
-                "name": f"pool-{i}",
-                "modelName": model,
-                "endpoints": [p.address for p in pods],
-                "scheduler": self.spec.policy,
-                "engineType": "vllm",
-                "loraAdapters": adapters,
-                "metrics": {"interval": f"{50 / time_scale:.3f}ms",
-                            "staleAfter": f"{2000 / time_scale:.3f}ms"},
-                "saturation": {"queueTimeout": f"{10000 / time_scale:.3f}ms"},
-            })
-            if self.name.endswith("-noadmit"):
-                schedulers[-1]["saturation"].update(
-                    {"queueThreshold": 1_000_000, "kvCacheThreshold": 1.0})
-        config = {
-            "apiVersion": "inference-gateway.io/v1alpha1",
-            "kind": "InferenceGatewayConfig",
-            "metadata": {"name": "bench"},
-            "spec": {
-                "tls": {"certificateFile": str(tls.cert), "keyFile": str(tls.key)},
-                "bbr": {"enabled": True},
-                "schedulers": schedulers,
-                "listener": {"address": "127.0.0.1", "port": listen},
-                "ports": {"picker": picker, "admin": admin, "metrics": metrics,
-                          "envoyAdmin": envoy_admin},
-            },
-        }
-        state = work / f"gw-{self.name}"
-        state.mkdir(parents=True, exist_ok=True)
-        path = state / "gateway.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        log = state / "igw.log"
-        log.unlink(missing_ok=True)
-        child = start_child(
-            "igw serve",
-            [sys.executable, "-m", "igw.cli", "serve", "--config", str(path), "--state-dir",
-             str(state)],
-            log,
-        )
+        config = gateway_config(self.spec, fleet, tls, time_scale)
+        child = spawn_gateway(work / f"gw-{self.name}", config)
         self.children = [child]
-        wait_log_line(child, lambda line: line.startswith("https://"), START_TIMEOUT_S)
-        base = f"https://127.0.0.1:{listen}"
+        wait_gateway(child)
+        base = f"https://127.0.0.1:{config['spec']['listener']['port']}"
         self.urls = {model: base for model in fleet.pools()}
-        self.admin_port = admin
+        self.admin_port = config["spec"]["ports"]["admin"]
 
     def diagnostics(self) -> dict[str, Any]:
         """The picker's view of every pod after the run (learned speeds, picks)."""
@@ -266,13 +302,7 @@ class GatewayRouter(Router):
             return {"error": str(exc)}
 
     def pids(self) -> dict[str, int]:
-        root = self.children[0].pid
-        out = {"igw-supervisor": root}
-        for pid in descendants(root):
-            name = process_name(pid)
-            key = "envoy" if name == "envoy" else ("picker" if name == "picker" else name)
-            out[key if key not in out else f"{key}-{pid}"] = pid
-        return out
+        return gateway_pids(self.children[0].pid)
 
 
 class EnvoyRouter(Router):

@@ -139,10 +139,12 @@ async def run_router(
             return router.url_for_pool(req.pool)
 
         warm = LoadGenerator(warmup, url_for, time_scale=plan.time_scale,
-                             time_cap_s=WARMUP_CAP_S, ssl_context=ssl_ctx)
+                             time_cap_s=WARMUP_CAP_S, ssl_context=ssl_ctx,
+                             clients=router.clients)
         await warm.run()
         await asyncio.sleep(0.5)
         before = await fleet.states(session)
+        await asyncio.to_thread(router.before_measure)
         setup_s = time.monotonic() - t_setup
         pids = {"simulator": fleet.pid, "loadgen": os.getpid(), **router.pids()}
         meter = CpuMeter(pids)
@@ -151,6 +153,7 @@ async def run_router(
         gen = LoadGenerator(
             plan.requests, url_for, time_scale=plan.time_scale,
             time_cap_s=plan.wall_duration_s + drain_s, ssl_context=ssl_ctx,
+            clients=router.clients,
             on_done=(lambda _r: bar.update(1)) if bar is not None else None,
         )
         t0 = time.monotonic()
