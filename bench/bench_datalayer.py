@@ -7,7 +7,7 @@ table and writes it to bench/results/datalayer.md.
    lines: histograms, Python runtime and HTTP series) with our targeted parser
    vs prometheus_client's `text_string_to_metric_families`, same page, same
    run, as a ratio (the machine is shared and noisy, DESIGN §7). The same for
-   the stand-in SGLang and TensorRT-LLM pages and for every vLLM / SGLang page
+   the stand-in SGLang and TensorRT-LLM pages and for every vLLM / SGLang / Triton page
    of tests/fixtures/metrics/ that carries signals (shaped after real servers'
    output; read as data files by path, not imported).
 2. Collector: many stand-in pods in a separate process serve that page; the
@@ -40,6 +40,8 @@ from simulator.standin_pages import busy_state, render
 
 RESULTS = Path(__file__).parent / "results" / "datalayer.md"
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "metrics"
+# fixture file name prefix -> the engineType whose profile reads it (trtllm-serve has none)
+FIXTURE_ENGINES = {"vllm": "vllm", "sglang": "sglang", "triton": "trtllm"}
 PARSER_TARGET_RATIO = 3.0
 COLLECTOR_TARGET = 1000.0
 FLEET_READY_S = 30.0
@@ -60,8 +62,8 @@ def fixture_pages() -> dict[str, tuple[str, str]]:
     """
     pages: dict[str, tuple[str, str]] = {}
     for path in sorted(FIXTURES.glob("*.txt")):
-        engine = path.name.split("-", 1)[0]
-        if engine not in ("vllm", "sglang"):
+        engine = FIXTURE_ENGINES.get(path.name.split("-", 1)[0])
+        if engine is None:
             continue
         text = path.read_text()
         try:
