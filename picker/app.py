@@ -26,6 +26,7 @@ from contract.config import GatewayConfig
 from igw_envoy.eds import write_endpoints
 from igw_envoy.xds import write_dynamic
 from picker.admin import AdminService
+from picker.coordination import Coordinator
 from picker.datalayer.collector import Collector
 from picker.datastore import Datastore
 from picker.director import Director
@@ -72,6 +73,12 @@ class PickerApp:
         self.outliers = OutlierFollower(self.datastore, self.envoy)
         self.metrics.attach_routing(self.director, self.collector.counters)
         self.metrics.attach(self.datastore, self._process_metrics)
+        # Shared routing state with the other gateway replicas (spec.coordination).
+        self.coordination = (
+            Coordinator(config, self.director) if config.coordination is not None else None
+        )
+        if self.coordination is not None:
+            self.metrics.attach_coordination(self.coordination)
         self.reloader = ConfigReloader(
             config,
             signature,
@@ -104,6 +111,8 @@ class PickerApp:
         self.write_eds()
         write_dynamic(self.config, self.state_dir)
         self.collector.start()
+        if self.coordination is not None:
+            self.coordination.start()
         self._grpc = await self._start_ext_proc()
         self._admin = await self._start_admin()
         self._http = await self._start_http()
@@ -241,6 +250,8 @@ class PickerApp:
             await resolver.stop()
         if self._grpc is not None:
             await self._grpc.stop(grace=drain_timeout)
+        if self.coordination is not None:  # after the drain: its completions are shared
+            await self.coordination.stop()
         if self._admin is not None:
             await self._admin.stop(grace=1.0)
         await self.collector.stop()

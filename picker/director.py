@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from picker.scheduling.admission import AdmissionQueue
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.saturation import pool_saturated
 from picker.scheduling.scheduler import NoCandidates, Scheduler
+
+if TYPE_CHECKING:
+    from picker.coordination.outbox import Outbox
 
 log = logging.getLogger("picker.director")
 
@@ -59,6 +63,8 @@ class Decision:
     headers: list[tuple[str, str]] = field(default_factory=list)
     admission_wait: float | None = None
     status: int = 0
+    # Its id among this replica's requests shared with the others (0: not shared).
+    shared_id: int = 0
 
     @property
     def dispatched(self) -> bool:
@@ -96,6 +102,9 @@ class Director:
         self.rng = rng or np.random.default_rng()
         self.schedulers: dict[str, Scheduler] = {}
         self.admission: dict[str, AdmissionQueue] = {}
+        # Where dispatches and completions are recorded for the other gateway replicas
+        # (picker.coordination sets it; None: not coordinated). Appending never waits.
+        self.outbox: Outbox | None = None
         self.apply_config(datastore.config)
 
     def apply_config(self, config: GatewayConfig) -> None:
@@ -209,6 +218,10 @@ class Director:
         decision.row = int(pick.rows[0])
         decision.address = pick.addresses[0]
         decision.scheduler.on_dispatch(decision.row, decision.request, now, pick.cached)
+        if self.outbox is not None:
+            decision.shared_id = self.outbox.dispatched(
+                pool.name, decision.address, decision.request, pick.cached
+            )
         decision.headers = [
             (hdr.POOL, pool.name),
             (hdr.DESTINATION_ENDPOINT, ",".join(pick.addresses)),
@@ -239,6 +252,8 @@ class Director:
             ok,
             address=decision.address,
         )
+        if decision.shared_id and self.outbox is not None:
+            self.outbox.completed(decision.shared_id)
         self.metrics.completed(pool.name, decision.status)
         queue = self.admission.get(pool.name)
         if queue is not None:

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from picker.datastore import Datastore
 
 if TYPE_CHECKING:
+    from picker.coordination import Coordinator
     from picker.datalayer.stats import ScrapeCounters
     from picker.director import Director
 
@@ -87,6 +88,10 @@ class GatewayMetrics:
     def attach_routing(self, director: Director, scrapes: ScrapeCounters) -> None:
         """Export admission queues, prefix-affinity outcome and scrape outcomes."""
         self.registry.register(_RoutingCollector(director, scrapes))
+
+    def attach_coordination(self, coordinator: Coordinator) -> None:
+        """Export the link to the other gateway replicas (spec.coordination)."""
+        self.registry.register(_CoordinationCollector(coordinator))
 
     def picked(self, pool: str, pod: str, seconds: float) -> None:
         child = self._requests_by_pool.get(pool)
@@ -203,6 +208,60 @@ class _RoutingCollector(Collector):
             scrapes.add_metric([pool_name, name, "failed"], float(stats.failed))
             duration.add_metric([pool_name, name], stats.last_duration_s)
         yield from (queue, index, queried, hit, scrapes, duration)
+
+
+class _CoordinationCollector(Collector):
+    """The coordination link's state and counters (picker.coordination), read at scrape time."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.coordinator
+        s = c.stats
+        now = time.monotonic()
+        name = f"{PREFIX}_coordination"
+        gauges = (
+            ("connected", "1 while this replica's link to the shared Redis is up.",
+             1.0 if s.connected else 0.0),
+            ("live_replicas", "Gateway replicas heard within replicaTimeout, this one "
+             "included.", float(len(c.replicas.live(now)) + 1)),
+            ("remote_inflight_requests", "Other replicas' requests counted in this "
+             "replica's in-flight state.", float(c.replicas.outstanding())),
+            ("lag_seconds", "Age (sender's clock) of the newest remote batch folded.", s.lag_s),
+            ("buffered_events", "Events waiting to be sent.", float(len(c.outbox))),
+        )
+        for suffix, doc, value in gauges:
+            gauge = GaugeMetricFamily(f"{name}_{suffix}", doc)
+            gauge.add_metric([], value)
+            yield gauge
+        counters = (
+            ("batches_sent", "Batches (stream entries) this replica sent.", s.batches_sent),
+            ("events_sent", "Dispatches and completions this replica sent.", s.events_sent),
+            ("batches_received", "Remote batches folded.", s.batches_received),
+            ("events_received", "Remote dispatches and completions folded.",
+             s.events_received),
+            ("reconnects", "Times the link was lost after being up.", s.reconnects),
+            ("decode_errors", "Remote entries that were not a readable batch.",
+             s.decode_errors),
+            ("unresolved_events", "Remote dispatches naming a pool or pod unknown here.",
+             c.folder.unresolved),
+            ("released_requests", "Remote requests released without their completion "
+             "(their replica died, or the completion never came).",
+             c.replicas.released_dead + c.replicas.released_aged),
+        )
+        for suffix, doc, value in counters:
+            counter = CounterMetricFamily(f"{name}_{suffix}", doc)
+            counter.add_metric([], float(value))
+            yield counter
+        dropped = CounterMetricFamily(
+            f"{name}_dropped_events", "Events never sent, by reason (buffer_full: the oldest "
+            "dropped while Redis was slow or down; send_failed: their batch's send failed).",
+            labels=["reason"],
+        )
+        dropped.add_metric(["buffer_full"], float(c.outbox.dropped))
+        dropped.add_metric(["send_failed"], float(s.send_failed))
+        yield dropped
 
 
 def process_families(ejected_pods: int) -> Iterator[Metric]:

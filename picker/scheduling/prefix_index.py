@@ -52,6 +52,12 @@ class PrefixIndex:
         lru = self._lru.get(row)
         return 0 if lru is None else len(lru)
 
+    def blocks(self, row: int) -> list[int]:
+        """`row`'s block hashes, most recently routed first: `insert` of this list
+        rebuilds the same LRU (picker.coordination.snapshot)."""
+        lru = self._lru.get(row)
+        return [] if lru is None else list(reversed(lru))
+
     @property
     def distinct_blocks(self) -> int:
         return len(self._owners)

@@ -162,6 +162,25 @@ class Scheduler:
         self.state.on_complete(row, req, duration_s, ok, output_tokens, now)
         self._notify()
 
+    def on_remote_dispatch(
+        self, row: int, req: SchedulingRequest, now: float, cached: float = 0.0
+    ) -> None:
+        """Another gateway replica sent `req` to `row` (picker.coordination): count it in
+        the same columns as a local dispatch, `picks` aside."""
+        self.state.on_dispatch(row, req, now, cached, remote=True)
+        self._notify()
+
+    def on_remote_complete(
+        self, row: int, req: SchedulingRequest, now: float, duration_s: float, address: str
+    ) -> None:
+        """Another replica's request on `row` ended (or its replica died): release its
+        work; nothing is learned about the pod's speed. `duration_s` is measured from
+        when this replica counted the dispatch."""
+        if self.pool.row_address[row] != address:
+            return
+        self.state.on_complete(row, req, duration_s, True, now=now, remote=True)
+        self._notify()
+
     def _notify(self) -> None:
         for callback in self._listeners:
             callback()

@@ -115,16 +115,27 @@ class PoolState:
     # -- accounting ---------------------------------------------------------------
 
     def on_dispatch(
-        self, row: int, req: SchedulingRequest, now: float, cached: float = 0.0
+        self,
+        row: int,
+        req: SchedulingRequest,
+        now: float,
+        cached: float = 0.0,
+        *,
+        remote: bool = False,
     ) -> None:
-        """Count the request against `row` at once, before any scrape can see it."""
+        """Count the request against `row` at once, before any scrape can see it.
+
+        `remote`: another gateway replica sent it (picker.coordination): the same
+        columns count it, except `picks`, which says what this replica chose.
+        """
         self.sync()
         t = self.pool.table
         prompt = float(max(req.prompt_tokens, 0))
         output = float(max(req.max_tokens, 0))
         t.inflight[row] += 1.0
         t.dispatched[row] += 1.0
-        t.picks[row] += 1.0
+        if not remote:
+            t.picks[row] += 1.0
         t.outstanding_prefill[row] += prompt
         t.outstanding_decode[row] += output
         t.last_picked_at[row] = now
@@ -155,12 +166,17 @@ class PoolState:
         ok: bool,
         output_tokens: int | None = None,
         now: float | None = None,
+        *,
+        remote: bool = False,
     ) -> None:
         """Release the request's work; learn the pod's observed speed from a success.
 
         A request that ended before any scrape saw it is taken out of the
         since-scrape counts too: it will never show up in `waiting`, and left
         there it would make the pod look busier than it is until the next scrape.
+        `remote` (another replica's request): its work is released, but the speed
+        sample is the origin's to learn (its duration includes that replica's own
+        path, and this replica only knows when the completion reached it).
         """
         self.sync()
         t = self.pool.table
@@ -173,7 +189,7 @@ class PoolState:
         t.outstanding_decode[row] = max(0.0, t.outstanding_decode[row] - req.max_tokens)
         out = req.max_tokens if output_tokens is None else output_tokens
         tokens = max(req.prompt_tokens, 0) + max(out, 0)
-        if ok and tokens > 0 and duration_s > 0:
+        if ok and not remote and tokens > 0 and duration_s > 0:
             self.spt[row] = _ewma(self.spt[row], duration_s / tokens, POD_EWMA_ALPHA)
 
     # -- derived signals ------------------------------------------------------------

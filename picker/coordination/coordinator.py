@@ -1,0 +1,280 @@
+"""The coordination lifecycle of one replica: connect, flush, read, sweep, reconnect.
+
+Tasks, all off the request path:
+- the link (`_run`): connect; then, until the first failure, flush the outbox
+  (woken by its first event, then `flushInterval` to gather a batch, one
+  pipelined round trip; a heartbeat entry every `heartbeatInterval` when idle),
+  read the peers' streams (XREAD BLOCK from each position) and fold what
+  comes, and store a snapshot every `snapshotInterval`. On a failure it
+  reconnects after a capped, jittered exponential backoff (50 ms doubling to
+  2 s); positions are kept, so the streams replay what was missed;
+- the sweep, independent of the link: every `heartbeatInterval`, releases
+  the work of peers silent for `replicaTimeout` (so with Redis down the
+  replica soon routes on its own requests only).
+While Redis is down the outbox keeps the newest `bufferSize` events; they are
+sent on reconnect (a completion late is still a completion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from contract.config import CoordinationConfig, GatewayConfig
+from picker.coordination import snapshot
+from picker.coordination.bus import Bus, BusError
+from picker.coordination.codec import CodecError, decode_batch, encode_batches
+from picker.coordination.fold import Folder
+from picker.coordination.outbox import Outbox
+from picker.coordination.replicas import Replicas, default_replica_id
+
+if TYPE_CHECKING:
+    from picker.director import Director
+
+log = logging.getLogger("picker.coordination")
+
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+# A final flush and bye on stop get this long at most (the process is exiting).
+STOP_TIMEOUT_S = 1.0
+
+
+@dataclass(slots=True)
+class CoordinationStats:
+    """Counters for metrics and `igw status` (plain numbers: read at scrape time)."""
+
+    connected: bool = False
+    batches_sent: int = 0
+    events_sent: int = 0
+    batches_received: int = 0
+    events_received: int = 0
+    send_failed: int = 0  # events of batches whose send failed
+    decode_errors: int = 0
+    reconnects: int = 0
+    lag_s: float = math.nan  # age of the newest remote batch folded
+    last_error: str = ""
+    snapshot_loaded: bool = False
+
+
+class Coordinator:
+    """Shares this replica's routing with the others and folds theirs in."""
+
+    def __init__(
+        self, config: GatewayConfig, director: Director, replica: str | None = None
+    ) -> None:
+        assert config.coordination is not None
+        self.settings: CoordinationConfig = config.coordination
+        self.director = director
+        self.replica = replica or default_replica_id()
+        self.stats = CoordinationStats()
+        self.outbox = Outbox(self.settings.buffer_size)
+        self.replicas = Replicas(self.replica, self.settings.replica_timeout_s)
+        self.folder = Folder(director, self.replicas)
+        self.bus = Bus(self.settings, config.coordination_prefix, self.replica,
+                       block_s=self.settings.heartbeat_interval_s)
+        self.positions: dict[str, bytes] = {}
+        self._seq = 0
+        self._warmed = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start sharing: the director records into the outbox from now on."""
+        self.director.outbox = self.outbox
+        self._tasks = [
+            asyncio.create_task(self._run(), name="igw-coordination-link"),
+            asyncio.create_task(self._sweep(), name="igw-coordination-sweep"),
+        ]
+        log.info("coordination replica=%s url=%s", self.replica, _safe_url(self.settings.url))
+
+    async def stop(self) -> None:
+        """Send what is buffered and a bye (bounded), then close. Call after draining:
+        the completions of the drained requests are in that last flush."""
+        self.director.outbox = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self.stats.connected:
+            try:
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await self._flush(bye=True)
+                    await self.bus.leave()
+            except (BusError, TimeoutError) as exc:
+                log.debug("coordination bye not sent: %s", exc)
+        self.stats.connected = False
+        await self.bus.close()
+
+    # -- the link ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = BACKOFF_MIN_S
+        while True:
+            started = loop.time()
+            try:
+                await self.bus.connect()
+                self.stats.connected = True
+                log.info("coordination connected replica=%s", self.replica)
+                if not self._warmed:
+                    await self._warm()
+                await _first_failure(self._flush_loop(), self._read_loop(),
+                                     self._snapshot_loop())
+            except BusError as exc:
+                if self.stats.connected or not self.stats.last_error:
+                    log.warning("coordination lost, routing on local state: %s", exc)
+                self.stats.last_error = str(exc)[:200]
+            if self.stats.connected:
+                self.stats.reconnects += 1
+            self.stats.connected = False
+            if loop.time() - started > BACKOFF_MAX_S:
+                backoff = BACKOFF_MIN_S
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _warm(self) -> None:
+        """First connection: load the newest snapshot, start the streams where it says."""
+        fields = await self.bus.get_snapshot()
+        self._warmed = True
+        if not fields:
+            return
+        try:
+            positions = snapshot.apply(self.director, fields, time.monotonic())
+        except CodecError as exc:
+            log.warning("coordination snapshot ignored: %s", exc)
+            return
+        positions.pop(self.replica, None)
+        self.positions.update(positions)
+        self.stats.snapshot_loaded = True
+        log.info("coordination warm start from snapshot: streams=%d", len(positions))
+
+    async def _flush_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        outbox, interval = self.outbox, self.settings.flush_interval_s
+        heartbeat = self.settings.heartbeat_interval_s
+        next_beat = 0.0
+        while True:
+            wait = next_beat - loop.time()
+            if wait > 0 and not outbox.ready.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await outbox.ready.wait()
+            if len(outbox):
+                await asyncio.sleep(interval)  # let the batch gather
+            beat = loop.time() >= next_beat
+            if beat:
+                next_beat = loop.time() + heartbeat
+            await self._flush(beat=beat)
+
+    async def _flush(self, *, beat: bool = False, bye: bool = False) -> None:
+        events = self.outbox.take()
+        if not events and not beat and not bye:
+            return
+        wall = time.time()
+        entries = encode_batches(events, self._seq, wall, bye=bye)
+        try:
+            await self.bus.publish(entries, heartbeat_at=wall if beat else None)
+        except BusError:
+            self.stats.send_failed += len(events)
+            raise
+        self._seq += len(entries)
+        self.stats.batches_sent += len(entries)
+        self.stats.events_sent += len(events)
+
+    async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        heartbeat = self.settings.heartbeat_interval_s
+        next_peers = 0.0
+        while True:
+            if loop.time() >= next_peers:
+                await self._refresh_peers()
+                next_peers = loop.time() + heartbeat
+            if not self.positions:
+                await asyncio.sleep(max(0.0, next_peers - loop.time()))
+                continue
+            entries = await self.bus.read(self.positions)
+            now, wall = time.monotonic(), time.time()
+            for replica, entry_id, fields in entries:
+                self.positions[replica] = entry_id
+                try:
+                    batch = decode_batch(fields)
+                except CodecError as exc:
+                    self.stats.decode_errors += 1
+                    log.debug("coordination entry skipped replica=%s: %s", replica, exc)
+                    continue
+                age = max(0.0, wall - batch.sent_at)
+                self.folder.fold(replica, batch, now, age)
+                self.stats.batches_received += 1
+                self.stats.events_received += len(batch.dispatches) + len(batch.completions)
+                self.stats.lag_s = age
+
+    async def _refresh_peers(self) -> None:
+        """Streams to read: every registered peer (a new one from its beginning)."""
+        peers = set(await self.bus.peers(time.time()))
+        for name in [n for n in self.positions if n not in peers]:
+            del self.positions[name]
+        for name in peers:
+            self.positions.setdefault(name, b"0-0")
+
+    async def _snapshot_loop(self) -> None:
+        interval = self.settings.snapshot_interval_s
+        while True:
+            await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+            positions = {**self.positions, self.replica: self.bus.last_written}
+            fields = snapshot.build(self.director, positions, time.monotonic(), time.time())
+            await self.bus.put_snapshot(fields, ttl_s=3 * interval)
+
+    # -- liveness ----------------------------------------------------------------------
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            self.replicas.sweep(time.monotonic())
+
+    # -- reading -----------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What `igw status` and the metrics show."""
+        s = self.stats
+        return {
+            "replica": self.replica,
+            "connected": s.connected,
+            "peers": self.replicas.live(time.monotonic()),
+            "remote_inflight": self.replicas.outstanding(),
+            "lag_s": s.lag_s,
+            "buffered": len(self.outbox),
+            "dropped": self.outbox.dropped,
+            "send_failed": s.send_failed,
+            "reconnects": s.reconnects,
+            "last_error": s.last_error,
+            "snapshot_loaded": s.snapshot_loaded,
+        }
+
+
+async def _first_failure(*coros: Coroutine[Any, Any, None]) -> None:
+    """Run the loops together until one raises; the others are cancelled, it re-raises."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _safe_url(url: str) -> str:
+    """The URL without any password written into it (never logged)."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2]}"

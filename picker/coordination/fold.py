@@ -1,0 +1,63 @@
+"""Applying another replica's events to this replica's schedulers.
+
+A remote dispatch goes through the same bookkeeping as a local one
+(`Scheduler.on_remote_dispatch`: in-flight, dispatched since scrape,
+outstanding prefill/decode tokens, since-scrape tokens, prefill backlog,
+prefix index, adapter residency, pool mean sizes) except what only the origin
+should learn: its `picks` counter and, on completion, the observed speed. The
+pod is found by pool name and address through the pool's O(1) map; a pod this
+replica does not know (discovery not caught up, or a different config) is
+skipped and counted. Times are this replica's: a dispatch counts from when it
+was folded, so a completion's duration is measured on one clock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from picker.coordination.codec import Batch
+from picker.coordination.replicas import Outstanding, Replicas
+from picker.scheduling.request import SchedulingRequest
+
+if TYPE_CHECKING:
+    from picker.director import Director
+
+
+class Folder:
+    """Folds decoded batches into the director's schedulers."""
+
+    def __init__(self, director: Director, replicas: Replicas) -> None:
+        self.director = director
+        self.replicas = replicas
+        self.unresolved = 0  # dispatches naming a pool or pod unknown here
+        self.events = 0
+
+    def fold(self, replica: str, batch: Batch, now: float, age_s: float) -> None:
+        """Apply one batch of `replica`, received at local time `now`, `age_s` old."""
+        replicas = self.replicas
+        peer = replicas.heard(replica, now, age_s)
+        pools = self.director.datastore.pools
+        schedulers = self.director.schedulers
+        for d in batch.dispatches:
+            pool = pools.get(d.pool)
+            pod = pool.pods.get(d.address) if pool is not None else None
+            sched = schedulers.get(d.pool)
+            if pod is None or sched is None:
+                self.unresolved += 1
+                continue
+            req = SchedulingRequest(
+                model="",
+                adapter=d.adapter,
+                prompt_tokens=d.prompt_tokens,
+                max_tokens=d.max_tokens,
+                prefix_hashes=d.prefix_hashes,
+            )
+            sched.on_remote_dispatch(pod.row, req, now, d.cached)
+            max_age = pool.config.route_timeout_s + replicas.timeout_s
+            item = Outstanding(sched, sched.state, pod.row, d.address, req, now, max_age)
+            replicas.add(peer, d.request_id, item, now)
+        for request_id in batch.completions:
+            replicas.complete(peer, request_id, now)
+        self.events += len(batch.dispatches) + len(batch.completions)
+        if batch.bye:
+            replicas.leave(replica, now)

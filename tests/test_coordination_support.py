@@ -1,0 +1,160 @@
+"""Helpers of the coordination tests: a real redis-server, and routing without servers.
+
+`redis_server` starts Debian's /usr/bin/redis-server on a free loopback port
+(no persistence), through bench/procs.py, and stops it by PID. `Replica` is
+one gateway replica without its servers: a Datastore, a Director and a
+Coordinator on a shared config, so a test can route on it and look at its state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+
+from bench.procs import Child, start_piped, wait_line
+from contract.config import GatewayConfig, parse_config
+from igw.ports import free_port
+from picker.coordination import Coordinator
+from picker.datastore import Datastore
+from picker.director import Decision, Director, RequestInfo
+from picker.gateway_metrics import GatewayMetrics
+
+REDIS_SERVER = "/usr/bin/redis-server"
+POOL = "llama"
+MODEL = "llama-3.1-8b"
+PODS = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")
+
+
+@dataclass
+class RedisServer:
+    port: int
+    child: Child | None = None
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        child = start_piped(
+            "redis-server",
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no"],
+        )
+        wait_line(child, lambda line: "Ready to accept connections" in line, 15)
+        child.drain()
+        self.child = child
+        self.starts += 1
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop(timeout=5)
+            self.child = None
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[RedisServer]:
+    if shutil.which(REDIS_SERVER) is None:
+        pytest.skip("redis-server is not installed (make test installs it)")
+    server = RedisServer(free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def config_doc(url: str | None, **coordination: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulers": [
+            {"name": POOL, "modelName": MODEL, "endpoints": list(PODS),
+             "loraAdapters": ["sql-lora"], "routeTimeout": "30s"}
+        ],
+    }
+    if url is not None:
+        spec["coordination"] = {
+            "url": url, "keyPrefix": f"igw-test-{time.monotonic_ns()}",
+            "heartbeatInterval": "200ms", "replicaTimeout": "1s", **coordination,
+        }
+    return {"apiVersion": "inference-gateway.io/v1alpha1", "kind": "InferenceGatewayConfig",
+            "metadata": {"name": "test"}, "spec": spec}
+
+
+@dataclass
+class Replica:
+    """One replica's routing parts; `coordinator.start()` is the test's to call."""
+
+    config: GatewayConfig
+    datastore: Datastore
+    director: Director
+    coordinator: Coordinator
+    decisions: list[Decision] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, config: GatewayConfig, name: str) -> Replica:
+        datastore = Datastore(config)
+        for pool in datastore.pools.values():  # every pod looks freshly scraped and idle
+            for pod in pool.pods.values():
+                pool.mark_scrape(pod.row, True)
+        director = Director(datastore, GatewayMetrics())
+        return cls(config, datastore, director, Coordinator(config, director, replica=name))
+
+    @property
+    def pool(self):
+        return self.datastore.pools[POOL]
+
+    @property
+    def state(self):
+        return self.director.schedulers[POOL].state
+
+    def route(self, prompt: str, model: str = MODEL, max_tokens: int = 64) -> Decision:
+        body = orjson.dumps({"model": model, "max_tokens": max_tokens,
+                             "messages": [{"role": "user", "content": prompt}]})
+        decision = self.director.route_now(body, RequestInfo(path="/v1/chat/completions",
+                                                             content_type="application/json"))
+        assert decision.dispatched
+        self.decisions.append(decision)
+        return decision
+
+    def complete_all(self) -> None:
+        for decision in self.decisions:
+            decision.status = 200
+            self.director.complete(decision)
+        self.decisions.clear()
+
+    def inflight(self) -> float:
+        return float(self.pool.table.inflight.sum())
+
+    def row(self, address: str) -> int:
+        return self.pool.pods[address].row
+
+    def keep_fresh(self) -> None:
+        for pod in self.pool.pods.values():
+            self.pool.mark_scrape(pod.row, True)
+
+
+async def eventually(check: Callable[[], bool], timeout: float, step: float = 0.01) -> float:
+    """Seconds until `check()` holds; fails the test after `timeout`."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not true within {timeout}s: {check}")
+        await asyncio.sleep(step)
+    return time.monotonic() - start
+
+
+def long_prompt(seed: str, chars: int = 2000) -> str:
+    words = " ".join(f"{seed}{i}" for i in range(chars))
+    return words[:chars]
+
+
+def pair_config(url: str, **coordination: Any) -> GatewayConfig:
+    return parse_config(config_doc(url, **coordination))
