@@ -17,10 +17,21 @@ def _stub(address: str) -> tuple[grpc.Channel, admin_pb2_grpc.GatewayAdminStub]:
 
 
 def list_pools(address: str) -> list[dict]:
+    return status(address)["pools"]
+
+
+def status(address: str) -> dict:
+    """`{"pools": [...], "coordination": {...}}`: what `igw status` shows."""
     channel, stub = _stub(address)
     with channel:
         reply = stub.ListPools(admin_pb2.ListPoolsRequest(), timeout=TIMEOUT_S)
-    return [MessageToDict(p, preserving_proto_field_name=True) for p in reply.pools]
+    return {
+        "pools": [MessageToDict(p, preserving_proto_field_name=True) for p in reply.pools],
+        "coordination": MessageToDict(
+            reply.coordination, preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        ),
+    }
 
 
 def explain(address: str, body: bytes, path: str) -> dict:
@@ -43,9 +54,29 @@ def set_drain(address: str, pool: str, pod: str, drain: bool) -> bool:
     return reply.changed
 
 
-def format_status(pools: list[dict]) -> str:
-    """One line per pod: the figures an operator looks at first."""
-    lines = []
+def format_coordination(state: dict) -> str:
+    """One line: is this replica routing with the others, and how far behind."""
+    if not state.get("enabled"):
+        return "coordination off (this replica routes on its own requests only)"
+    lag = state.get("lag_s", "NaN")
+    lag_text = "-" if lag in ("NaN", None) else f"{float(lag) * 1000:.1f}ms"
+    link = "connected" if state.get("connected") else "DISCONNECTED (routing on local state)"
+    line = (
+        f"coordination {link} replica={state.get('replica', '')} "
+        f"peers={','.join(state.get('peers', [])) or '-'} "
+        f"remote_inflight={state.get('remote_inflight', 0)} lag={lag_text} "
+        f"buffered={state.get('buffered', 0)} dropped={state.get('dropped', 0)} "
+        f"reconnects={state.get('reconnects', 0)}"
+    )
+    if state.get("last_error") and not state.get("connected"):
+        line += f" last_error={state['last_error']!r}"
+    return line
+
+
+def format_status(pools: list[dict], coordination: dict | None = None) -> str:
+    """One line per pod: the figures an operator looks at first (and, given, one line
+    for the link to the other replicas)."""
+    lines = [] if coordination is None else [format_coordination(coordination)]
     for pool in pools:
         lines.append(
             f"pool {pool['name']} model={pool['model_name']} scheduler={pool['scheduler']} "

@@ -60,10 +60,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from igw.admin_client import format_status, list_pools
+    from igw.admin_client import format_status, status
 
-    pools = list_pools(args.admin)
-    print(json.dumps(pools, indent=2) if args.json else format_status(pools))
+    doc = status(args.admin)
+    pools = doc["pools"]
+    print(json.dumps(pools, indent=2) if args.json else format_status(pools, doc["coordination"]))
     return 0
 
 

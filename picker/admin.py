@@ -63,7 +63,13 @@ class AdminService(admin_pb2_grpc.GatewayAdminServicer):
                     admission_queue_length=len(queue) if queue is not None else 0,
                 )
             )
-        return admin_pb2.ListPoolsResponse(pools=pools)
+        return admin_pb2.ListPoolsResponse(pools=pools, coordination=self._coordination())
+
+    def _coordination(self) -> admin_pb2.CoordinationState:
+        coordinator = self.app.coordination
+        if coordinator is None:
+            return admin_pb2.CoordinationState(enabled=False)
+        return admin_pb2.CoordinationState(enabled=True, **coordinator.status())
 
     async def Explain(self, request, context):
         info = RequestInfo(
