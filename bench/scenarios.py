@@ -98,7 +98,8 @@ class Scenario:
         return self.build(seed, wall * scale, scale)
 
 
-def _pods(gpu: str, model: str, n: int, prefix: str, **extra: Any) -> list[dict[str, Any]]:
+def make_pods(gpu: str, model: str, n: int, prefix: str, **extra: Any) -> list[dict[str, Any]]:
+    """n pod entries of the fleet spec (simulator/spec.py), named `prefix-gpu-i`."""
     return [{"name": f"{prefix}-{gpu}-{i}", "gpu": gpu, "model": model, **extra}
             for i in range(n)]
 
@@ -114,11 +115,23 @@ CHAT_WORK = Workload(
 )
 
 
-def _capacities(pods: list[dict[str, Any]], work: Workload) -> list[float]:
+def capacities(pods: list[dict[str, Any]], work: Workload) -> list[float]:
+    """Each pod's capacity (requests per model second at 100 %) for the mean request."""
     return [
         pod_capacity(p["gpu"], p["model"], work, max_num_seqs=p.get("max_num_seqs", 256))
         for p in pods
     ]
+
+
+def chat_request(index: int, at: float, model: str, pool: str, user: str, output: int,
+                 group: str, system: str | None = None) -> RequestSpec:
+    """One streamed chat request (`model` may name an adapter of `pool`'s base model)."""
+    return RequestSpec(
+        index=index, at=at, model=model, pool=pool,
+        body=chat_body(model, user, output, system=system),
+        prompt_tokens=chat_prompt_tokens(user, system), max_tokens=output, group=group,
+        shared_prefix_tokens=len(f"<|system|>\n{system}\n") // 4 if system is not None else 0,
+    )
 
 
 def _chat_requests(
@@ -128,15 +141,12 @@ def _chat_requests(
     for i, (t, model) in enumerate(sorted(times)):
         prompt, output = _chat_lengths(rng)
         user = corpus.text_of(prompt)
-        out.append(RequestSpec(
-            index=start_index + i, at=t, model=model, pool=model,
-            body=chat_body(model, user, output),
-            prompt_tokens=chat_prompt_tokens(user), max_tokens=output, group=model,
-        ))
+        out.append(chat_request(start_index + i, t, model, model, user, output, model))
     return out
 
 
-def _calibration(pools: list[PoolPlan], utilization: float, **extra: Any) -> dict[str, Any]:
+def calibration(pools: list[PoolPlan], utilization: float, **extra: Any) -> dict[str, Any]:
+    """How a plan's load was set, per pool, for its report."""
     return {
         "utilization_target_of_rr_capacity": utilization,
         "pools": {
@@ -168,12 +178,12 @@ def build_mixed(seed: int, duration: float, time_scale: float) -> Plan:
         ("qwen3-32b", (("h100", 2), ("a10g", 2))),
     ):
         short = model.split("-")[-1]
-        pods = [p for gpu, n in layout for p in _pods(gpu, model, n, short)]
-        caps = _capacities(pods, CHAT_WORK)
+        pods = [p for gpu, n in layout for p in make_pods(gpu, model, n, short)]
+        caps = capacities(pods, CHAT_WORK)
         pools.append(PoolPlan(model, pods, MIXED_UTILIZATION * round_robin_capacity(caps), caps))
     times = [(t, p.model) for p in pools for t in poisson_arrivals(rng, p.rate, 0.0, duration)]
     return Plan("mixed", pools, time_scale, duration, _chat_requests(rng, corpus, times),
-                _calibration(pools, MIXED_UTILIZATION, arrivals="Poisson"))
+                calibration(pools, MIXED_UTILIZATION, arrivals="Poisson"))
 
 
 # ----- bursty -----------------------------------------------------------------------------
@@ -186,15 +196,15 @@ def build_bursty(seed: int, duration: float, time_scale: float) -> Plan:
     rng = random.Random(f"bursty:{seed}")
     corpus = Corpus(rng)
     model = "llama-3.1-70b"
-    pods = _pods("a100", model, 4, "70b")
-    caps = _capacities(pods, CHAT_WORK)
+    pods = make_pods("a100", model, 4, "70b")
+    caps = capacities(pods, CHAT_WORK)
     cap = round_robin_capacity(caps)
     mean = (BURST_ON_LOAD * BURST_ON_S + BURST_OFF_LOAD * BURST_OFF_S) / (BURST_ON_S + BURST_OFF_S)
     pool = PoolPlan(model, pods, mean * cap, caps)
     times = on_off_arrivals(rng, rate_on=BURST_ON_LOAD * cap, rate_off=BURST_OFF_LOAD * cap,
                             on_s=BURST_ON_S, off_s=BURST_OFF_S, duration=duration)
     reqs = _chat_requests(rng, corpus, [(t, model) for t in times])
-    return Plan("bursty", [pool], time_scale, duration, reqs, _calibration(
+    return Plan("bursty", [pool], time_scale, duration, reqs, calibration(
         [pool], mean, arrivals=(
             f"on/off Poisson: {BURST_OFF_S:g} s at {BURST_OFF_LOAD:g}x then {BURST_ON_S:g} s at "
             f"{BURST_ON_LOAD:g}x round-robin capacity (mean {mean:.2f}x)")))
@@ -214,7 +224,7 @@ def build_prefix(seed: int, duration: float, time_scale: float) -> Plan:
     rng = random.Random(f"prefix:{seed}")
     corpus = Corpus(rng)
     model = "llama-3.1-8b"
-    pods = _pods("a10g", model, 4, "8b")
+    pods = make_pods("a10g", model, 4, "8b")
     systems = [corpus.text_of(rng.randint(*PREFIX_SYSTEM_TOKENS)) for _ in range(PREFIX_PROMPTS)]
     weights = [1.0 / (k + 1) ** PREFIX_ZIPF for k in range(PREFIX_PROMPTS)]
     sys_tokens = [len(s) / 4 for s in systems]
@@ -226,28 +236,24 @@ def build_prefix(seed: int, duration: float, time_scale: float) -> Plan:
     # once, the running requests hold their own question and output.
     work = Workload(prefill_tokens=user_mean, prompt_tokens=user_mean + sum(sys_tokens) / 8,
                     output_tokens=out_mean)
-    caps = _capacities(pods, work)
+    caps = capacities(pods, work)
     pool = PoolPlan(model, pods, PREFIX_UTILIZATION * round_robin_capacity(caps), caps)
     reqs = []
     for i, t in enumerate(poisson_arrivals(rng, pool.rate, 0.0, duration)):
         k = rng.choices(range(PREFIX_PROMPTS), weights)[0]
         user = corpus.text_of(lognormal(rng, *PREFIX_USER))
         output = lognormal(rng, *PREFIX_OUTPUT)
-        reqs.append(RequestSpec(
-            index=i, at=t, model=model, pool=model,
-            body=chat_body(model, user, output, system=systems[k]),
-            prompt_tokens=chat_prompt_tokens(user, systems[k]), max_tokens=output,
-            group=f"system-{k}", shared_prefix_tokens=len(f"<|system|>\n{systems[k]}\n") // 4,
-        ))
-    return Plan("prefix", [pool], time_scale, duration, reqs, _calibration(
+        reqs.append(chat_request(i, t, model, model, user, output, f"system-{k}", systems[k]))
+    return Plan("prefix", [pool], time_scale, duration, reqs, calibration(
         [pool], PREFIX_UTILIZATION, arrivals="Poisson",
         system_prompt_tokens=[round(t) for t in sys_tokens],
         mean_system_prompt_tokens=round(mean_sys),
         system_prompts_total_tokens=round(sum(sys_tokens)),
-        pod_kv_cache_tokens=_kv_tokens("a10g", model)))
+        pod_kv_cache_tokens=kv_tokens("a10g", model)))
 
 
-def _kv_tokens(gpu: str, model: str) -> int:
+def kv_tokens(gpu: str, model: str) -> int:
+    """Tokens of KV cache one pod of this GPU and model holds."""
     from simulator.profiles import build_profile
 
     prof = build_profile(gpu, model)
@@ -263,12 +269,12 @@ def build_uniform(seed: int, duration: float, time_scale: float) -> Plan:
     rng = random.Random(f"uniform:{seed}")
     corpus = Corpus(rng)
     model = "llama-3.1-70b"
-    pods = _pods("a100", model, 4, "70b")
-    caps = _capacities(pods, CHAT_WORK)
+    pods = make_pods("a100", model, 4, "70b")
+    caps = capacities(pods, CHAT_WORK)
     pool = PoolPlan(model, pods, UNIFORM_UTILIZATION * round_robin_capacity(caps), caps)
     times = [(t, model) for t in poisson_arrivals(rng, pool.rate, 0.0, duration)]
     return Plan("uniform", [pool], time_scale, duration, _chat_requests(rng, corpus, times),
-                _calibration([pool], UNIFORM_UTILIZATION, arrivals="Poisson"))
+                calibration([pool], UNIFORM_UTILIZATION, arrivals="Poisson"))
 
 
 # ----- lora -------------------------------------------------------------------------------
@@ -284,8 +290,8 @@ def build_lora(seed: int, duration: float, time_scale: float) -> Plan:
     corpus = Corpus(rng)
     model = "llama-3.1-8b"
     adapters = [f"adapter-{k}" for k in range(LORA_ADAPTERS)]
-    pods = _pods("a10g", model, 4, "8b", lora_adapters=adapters, max_loras=LORA_SLOTS)
-    caps = _capacities(pods, CHAT_WORK)
+    pods = make_pods("a10g", model, 4, "8b", lora_adapters=adapters, max_loras=LORA_SLOTS)
+    caps = capacities(pods, CHAT_WORK)
     pool = PoolPlan(model, pods, LORA_UTILIZATION * round_robin_capacity(caps), caps)
     weights = [1.0 / (k + 1) ** LORA_ZIPF for k in range(LORA_ADAPTERS)]
     reqs = []
@@ -293,11 +299,8 @@ def build_lora(seed: int, duration: float, time_scale: float) -> Plan:
         adapter = rng.choices(adapters, weights)[0]
         prompt, output = _chat_lengths(rng)
         user = corpus.text_of(prompt)
-        reqs.append(RequestSpec(
-            index=i, at=t, model=adapter, pool=model, body=chat_body(adapter, user, output),
-            prompt_tokens=chat_prompt_tokens(user), max_tokens=output, group=adapter,
-        ))
-    return Plan("lora", [pool], time_scale, duration, reqs, _calibration(
+        reqs.append(chat_request(i, t, adapter, model, user, output, adapter))
+    return Plan("lora", [pool], time_scale, duration, reqs, calibration(
         [pool], LORA_UTILIZATION, arrivals="Poisson", adapters=LORA_ADAPTERS,
         adapter_slots_per_pod=LORA_SLOTS, adapter_popularity=f"Zipf s={LORA_ZIPF:g}"))
 
@@ -310,18 +313,15 @@ def build_tiny(seed: int, duration: float, time_scale: float) -> Plan:
     rng = random.Random(f"tiny:{seed}")
     corpus = Corpus(rng, chars=200_000)
     model = "llama-3.1-8b"
-    pods = _pods("h100", model, 1, "8b") + _pods("a10g", model, 1, "8b")
-    caps = _capacities(pods, Workload(200, 200, 24))
+    pods = make_pods("h100", model, 1, "8b") + make_pods("a10g", model, 1, "8b")
+    caps = capacities(pods, Workload(200, 200, 24))
     pool = PoolPlan(model, pods, 0.5 * round_robin_capacity(caps), caps)
     reqs = []
     for i, t in enumerate(poisson_arrivals(rng, pool.rate, 0.0, duration)):
         user = corpus.text_of(lognormal(rng, 150, 0.5, 16, 512))
         output = lognormal(rng, 16, 0.5, 4, 48)
-        reqs.append(RequestSpec(index=i, at=t, model=model, pool=model,
-                                body=chat_body(model, user, output),
-                                prompt_tokens=chat_prompt_tokens(user), max_tokens=output,
-                                group=model))
-    return Plan("tiny", [pool], time_scale, duration, reqs, _calibration([pool], 0.5))
+        reqs.append(chat_request(i, t, model, model, user, output, model))
+    return Plan("tiny", [pool], time_scale, duration, reqs, calibration([pool], 0.5))
 
 
 SCENARIOS: dict[str, Scenario] = {
