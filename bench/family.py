@@ -1,0 +1,302 @@
+"""A seeded family of scenarios: many fleets and traffic shapes, not just our own five.
+
+The five hand-written scenarios (bench/scenarios.py) each model one published row; a routing
+change tuned on them can still lose elsewhere. `scenario(seed, index)` draws one scenario's
+parameters from its own random stream (so scenario 7 of seed 3 is the same whether the family
+has 10 or 100 members, and can be rebuilt alone from its recorded seed and index) and builds a
+`Plan` from them with the same building blocks as the five (pods, capacity calibration, chat
+bodies, log-normal lengths):
+
+- fleet: 2-16 pods in one pool, or two pools of different models; 1-3 GPU types per pool
+  (h200, h100, a100, l40s, a10g, l4) and models from 3B to 70B;
+- engine per pool (vllm, sglang, trtllm) and, for a third of the pools, an older version's
+  page (`metrics_version`: the signal subset that version exports, simulator/metrics_text.py);
+- load: 30-95 % of the pool's round-robin capacity (bench/capacity.py), as in the five;
+  LoRA pools whose adapters outnumber their slots get 0.6x of that (slot pinning costs
+  capacity the calibration does not see: `lora` collapsed under round-robin at 75 %);
+- arrivals: Poisson, on/off bursts, a linear ramp, or a diurnal (sinusoidal) swing, all with
+  the drawn mean rate;
+- lengths: log-normal prompt (median 100-1,500 tokens, sigma 0.4-1.2: long tails) and output
+  (median 30-300, sigma 0.3-1.0), clipped;
+- shared prefixes (half the scenarios): 1-8 system prompts of 300-3,000 tokens on 50-100 % of
+  the requests, Zipf popularity s 0-1.5;
+- LoRA (40 % of the pools): 1-32 adapters, 1-4 slots per pod, Zipf popularity s 0-1.5, an
+  adapter load cost of 0.5-4x the profile's (`lora_load_ms`).
+
+Each plan carries a warm-up (its own traffic from another stream, outputs capped at 16
+tokens, as bench/runner.py warms every live router) ahead of the measured requests: the
+gateway has learned the pods' speeds and caches hold prompts, as when deployed. Every
+reference policy of the replay runs the same warm-up. Family plans run at time_scale 1
+(model seconds are wall seconds: the gateway's clocks as deployed on real GPUs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bench.capacity import Workload, round_robin_capacity
+from bench.replay import WARMUP_GROUP
+from bench.scenarios import Plan, PoolPlan, calibration, capacities, chat_request, make_pods
+from bench.workload import Corpus, RequestSpec, lognormal, lognormal_mean, on_off_arrivals
+
+GPUS = ("h200", "h100", "a100", "l40s", "a10g", "l4")
+MODELS = ("llama-3.2-3b", "llama-3.1-8b", "qwen3-14b", "qwen3-32b", "llama-3.1-70b")
+ENGINES = (("vllm", 0.6), ("sglang", 0.2), ("trtllm", 0.2))
+OLD_VERSIONS = {"vllm": "vllm-0.8", "sglang": "sglang-0.4", "trtllm": "triton-trtllm-2025-02"}
+ARRIVALS = ("poisson", "on-off", "ramp", "diurnal")
+PODS_RANGE = (2, 16)
+UTILIZATION_RANGE = (0.3, 0.95)
+LORA_OVERSUBSCRIBED_LOAD = 0.6
+MAX_ADAPTERS, MAX_SLOTS = 32, 4
+TARGET_REQUESTS = 300  # measured requests per scenario, about (sets the duration)
+DURATION_RANGE_S = (2.0, 90.0)
+MAX_PROMPT_TOKENS = 6000  # user part; every profile's context is 8,192
+MAX_OUTPUT_TOKENS = 1024
+WARMUP_S = 3.0  # at most; fewer seconds on a fleet that gets more than WARMUP_REQUESTS in it
+WARMUP_REQUESTS = 100
+WARMUP_GAP_S = 1.5  # after the warm-up's last arrival: its 16-token answers drain
+WARMUP_MAX_TOKENS = 16
+
+
+def scenario(seed: int, index: int) -> Plan:
+    """Scenario `index` of the family drawn from `seed`, warm-up included."""
+    params = draw_params(seed, index)
+    return build_plan(params)
+
+
+def family(seed: int, count: int) -> Iterator[Plan]:
+    """The first `count` scenarios of the family of `seed`."""
+    for index in range(count):
+        yield scenario(seed, index)
+
+
+# ----- parameters ---------------------------------------------------------------------------
+
+
+def draw_params(seed: int, index: int) -> dict[str, Any]:
+    """Every knob of one scenario, JSON-able: what the report shows and `build_plan` reads."""
+    rng = random.Random(f"family:{seed}:{index}")
+    total = rng.randint(*PODS_RANGE)
+    n_pools = 2 if total >= 4 and rng.random() < 0.3 else 1
+    sizes = [total] if n_pools == 1 else _split(rng, total)
+    models = rng.sample(MODELS, n_pools)
+    return {
+        "name": f"family-{seed}-{index}",
+        "seed": seed,
+        "index": index,
+        "pools": [_draw_pool(rng, model, n) for model, n in zip(models, sizes, strict=True)],
+        "utilization": round(rng.uniform(*UTILIZATION_RANGE), 3),
+        "arrivals": _draw_arrivals(rng),
+        "prompt": {"median": round(_log_uniform(rng, 100, 1500)), "sigma": _r(rng, 0.4, 1.2)},
+        "output": {"median": round(_log_uniform(rng, 30, 300)), "sigma": _r(rng, 0.3, 1.0)},
+        "prefix": _draw_prefix(rng),
+    }
+
+
+def _draw_pool(rng: random.Random, model: str, pods: int) -> dict[str, Any]:
+    gpus = rng.sample(GPUS, min(pods, rng.randint(1, 3)))
+    counts = _spread(rng, pods, len(gpus))
+    engine = rng.choices([e for e, _ in ENGINES], [w for _, w in ENGINES])[0]
+    pool: dict[str, Any] = {
+        "model": model,
+        "gpus": [[g, n] for g, n in zip(gpus, counts, strict=True)],
+        "engine": engine,
+        "metrics_version": OLD_VERSIONS[engine] if rng.random() < 1 / 3 else None,
+        "adapters": 0,
+    }
+    if rng.random() < 0.4:
+        pool.update(adapters=rng.randint(1, MAX_ADAPTERS), slots=rng.randint(1, MAX_SLOTS),
+                    adapter_zipf=_r(rng, 0.0, 1.5), lora_load_scale=_r(rng, 0.5, 4.0))
+    return pool
+
+
+def _draw_arrivals(rng: random.Random) -> dict[str, Any]:
+    kind = rng.choice(ARRIVALS)
+    if kind == "on-off":
+        return {"kind": kind, "cycles": rng.randint(2, 4), "on_share": _r(rng, 0.2, 0.4),
+                "on_load": _r(rng, 1.5, 2.5)}
+    if kind == "ramp":
+        return {"kind": kind, "swing": _r(rng, 0.3, 0.7), "up": rng.random() < 0.5}
+    if kind == "diurnal":
+        return {"kind": kind, "swing": _r(rng, 0.3, 0.6), "periods": rng.randint(1, 2),
+                "phase": _r(rng, 0.0, 2 * math.pi)}
+    return {"kind": kind}
+
+
+def _draw_prefix(rng: random.Random) -> dict[str, Any] | None:
+    if rng.random() < 0.5:
+        return None
+    groups = rng.randint(1, 8)
+    return {"groups": groups, "tokens": [rng.randint(300, 3000) for _ in range(groups)],
+            "share": _r(rng, 0.5, 1.0), "zipf": _r(rng, 0.0, 1.5)}
+
+
+def _split(rng: random.Random, total: int) -> list[int]:
+    first = rng.randint(2, total - 2)
+    return [first, total - first]
+
+
+def _spread(rng: random.Random, total: int, parts: int) -> list[int]:
+    """`total` pods over `parts` GPU types, each at least one."""
+    cuts = sorted(rng.sample(range(1, total), parts - 1))
+    return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+
+
+def _log_uniform(rng: random.Random, low: float, high: float) -> float:
+    return math.exp(rng.uniform(math.log(low), math.log(high)))
+
+
+def _r(rng: random.Random, low: float, high: float) -> float:
+    return round(rng.uniform(low, high), 3)
+
+
+# ----- plan ---------------------------------------------------------------------------------
+
+
+def build_plan(params: dict[str, Any]) -> Plan:
+    """The scenario's fleet, calibrated load, warm-up and measured requests."""
+    rng = random.Random(f"family-plan:{params['seed']}:{params['index']}")
+    corpus = Corpus(rng, chars=600_000)
+    systems = [corpus.text_of(t) for t in (params["prefix"] or {}).get("tokens", [])]
+    pools = [_pool_plan(params, pool, systems, i) for i, pool in enumerate(params["pools"])]
+    rate = sum(p.rate for p in pools)
+    duration = min(max(TARGET_REQUESTS / rate, DURATION_RANGE_S[0]), DURATION_RANGE_S[1])
+    warm_s = min(WARMUP_S, WARMUP_REQUESTS / rate)
+    warm = _requests(params, pools, systems, corpus, rng, warm_s, 0.0, warm=True)
+    start = warm_s + WARMUP_GAP_S
+    measured = _requests(params, pools, systems, corpus, rng, duration, start, warm=False)
+    return Plan(params["name"], pools, 1.0, duration, [*warm, *measured], calibration(
+        pools, params["utilization"], arrivals=params["arrivals"]["kind"],
+        warmup_s=round(warm_s, 3), measured_from_s=round(start, 3), params=params))
+
+
+def _pool_plan(params: dict[str, Any], pool: dict[str, Any], systems: list[str],
+               i: int) -> PoolPlan:
+    model = pool["model"]
+    pods = [p for gpu, n in pool["gpus"] for p in make_pods(gpu, model, n, f"p{i}")]
+    for pod in pods:
+        _configure_pod(pod, pool)
+    caps = capacities(pods, _workload(params, systems))
+    load = params["utilization"]
+    if pool["adapters"] > pool.get("slots", pool["adapters"]):
+        load *= LORA_OVERSUBSCRIBED_LOAD
+    return PoolPlan(model, pods, load * round_robin_capacity(caps), caps)
+
+
+def _configure_pod(pod: dict[str, Any], pool: dict[str, Any]) -> None:
+    """Engine, page version and LoRA settings of the fleet spec (simulator/spec.py)."""
+    pod["engine"] = pool["engine"]
+    if pool["metrics_version"]:
+        pod["metrics_version"] = pool["metrics_version"]
+    if pool["adapters"]:
+        from simulator.profiles import build_profile
+
+        base = build_profile(pod["gpu"], pod["model"]).lora_load_ms
+        pod.update(lora_adapters=adapter_names(pool), max_loras=pool["slots"],
+                   profile={"lora_load_ms": round(base * pool["lora_load_scale"], 2)})
+
+
+def adapter_names(pool: dict[str, Any]) -> list[str]:
+    return [f"{pool['model']}-lora-{k}" for k in range(pool["adapters"])]
+
+
+def _workload(params: dict[str, Any], systems: list[str]) -> Workload:
+    """The mean request as a warm pod sees it: shared system prompts cached (only the user
+    part is prefilled), their share of the KV cache counted in the prompt."""
+    user = lognormal_mean(params["prompt"]["median"], params["prompt"]["sigma"])
+    output = lognormal_mean(params["output"]["median"], params["output"]["sigma"])
+    prefix = params["prefix"]
+    shared = prefix["share"] * sum(len(s) / 4 for s in systems) / len(systems) if prefix else 0.0
+    return Workload(prefill_tokens=user, prompt_tokens=user + shared, output_tokens=output)
+
+
+def _requests(params: dict[str, Any], pools: list[PoolPlan], systems: list[str],
+              corpus: Corpus, rng: random.Random, duration: float, start: float,
+              warm: bool) -> list[RequestSpec]:
+    times = sorted((start + t, p.model) for p in pools
+                   for t in arrivals(rng, params["arrivals"], p.rate, duration))
+    by_model = {pool["model"]: pool for pool in params["pools"]}
+    out = []
+    for i, (t, model) in enumerate(times):
+        pool = by_model[model]
+        name, group = _adapter(rng, pool)
+        system = _system(rng, params["prefix"], systems)
+        user = corpus.text_of(lognormal(rng, params["prompt"]["median"],
+                                        params["prompt"]["sigma"], 16, MAX_PROMPT_TOKENS))
+        output = lognormal(rng, params["output"]["median"], params["output"]["sigma"], 4,
+                           MAX_OUTPUT_TOKENS)
+        if warm:
+            output, group = min(output, WARMUP_MAX_TOKENS), WARMUP_GROUP
+        out.append(chat_request(i, t, name or model, model, user, output, group, system))
+    return out
+
+
+def _adapter(rng: random.Random, pool: dict[str, Any]) -> tuple[str | None, str]:
+    if not pool["adapters"]:
+        return None, pool["model"]
+    names = adapter_names(pool)
+    weights = [1.0 / (k + 1) ** pool["adapter_zipf"] for k in range(len(names))]
+    name = rng.choices(names, weights)[0]
+    return name, name
+
+
+def _system(rng: random.Random, prefix: dict[str, Any] | None, systems: list[str]) -> str | None:
+    if not prefix or rng.random() >= prefix["share"]:
+        return None
+    weights = [1.0 / (k + 1) ** prefix["zipf"] for k in range(len(systems))]
+    return rng.choices(systems, weights)[0]
+
+
+# ----- arrivals -----------------------------------------------------------------------------
+
+
+def arrivals(rng: random.Random, shape: dict[str, Any], mean: float,
+             duration: float) -> list[float]:
+    """Arrival times in [0, duration) of the shape, at mean rate `mean`."""
+    kind = shape["kind"]
+    if kind == "on-off":
+        period = duration / shape["cycles"]
+        on_s = period * shape["on_share"]
+        rate_on = mean * shape["on_load"]
+        rate_off = max(0.05 * mean, (mean * period - rate_on * on_s) / (period - on_s))
+        return on_off_arrivals(rng, rate_on=rate_on, rate_off=rate_off, on_s=on_s,
+                               off_s=period - on_s, duration=duration)
+    if kind == "poisson":
+        return varying_arrivals(rng, lambda t: mean, mean, duration)
+    swing = shape["swing"]
+    if kind == "ramp":
+        sign = 1.0 if shape["up"] else -1.0
+        return varying_arrivals(
+            rng, lambda t: mean * (1 + sign * swing * (2 * t / duration - 1)),
+            mean * (1 + swing), duration)
+    omega = 2 * math.pi * shape["periods"] / duration
+    return varying_arrivals(
+        rng, lambda t: mean * (1 + swing * math.sin(omega * t + shape["phase"])),
+        mean * (1 + swing), duration)
+
+
+def varying_arrivals(rng: random.Random, rate: Callable[[float], float], peak: float,
+                     duration: float) -> list[float]:
+    """A Poisson process of time-varying `rate` (at most `peak`), by thinning."""
+    out: list[float] = []
+    t = rng.expovariate(peak)
+    while t < duration:
+        if rng.random() * peak < rate(t):
+            out.append(t)
+        t += rng.expovariate(peak)
+    return out
+
+
+def warm_started(plan: Plan, warm: Plan, gap_s: float) -> Plan:
+    """`plan` with `warm`'s requests (outputs capped, labelled warm-up) run first and its own
+    shifted to start `gap_s` after the warm-up's window: what a live run does before it
+    measures (bench/runner.py), for the replay and the twin of a hand-written scenario."""
+    from bench.runner import warmup_requests
+
+    shift = warm.duration_s + gap_s
+    measured = [dataclasses.replace(r, at=r.at + shift) for r in plan.requests]
+    return dataclasses.replace(plan, requests=[*warmup_requests(warm), *measured])
