@@ -432,6 +432,12 @@ def test_chart_external_url_without_secret_mounts_nothing():
     coordination = gateway_config(objs).coordination
     assert coordination is not None and coordination.password_file is None
     assert coordination.url == "redis://valkey.cache.svc:6379/2"
+    # Releases in two namespaces sharing one Redis do not share keys.
+    assert gateway_config(objs).coordination_prefix == "igw:models:my-gateway"
+    other = gateway_config(
+        render({"coordination": {"url": "redis://valkey.cache.svc:6379/2"}}, namespace="team-b")
+    )
+    assert other.coordination_prefix == "igw:team-b:my-gateway"
     mounts = {m["name"] for m in container(objs)["volumeMounts"]}
     assert "coordination-auth" not in mounts
 

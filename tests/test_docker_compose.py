@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -336,3 +337,55 @@ def test_compose_file_is_the_one_under_test(stack: ComposeStack) -> None:
     assert Path(labels["com.docker.compose.project.working_dir"]).resolve() == (
         Path(__file__).resolve().parent.parent
     )
+
+
+def test_a_redis_outage_delays_no_request_and_both_replicas_reconnect(
+    stack: ComposeStack,
+) -> None:
+    """Redis stopped: requests through both replicas still answer at once, both
+    replicas report the link down; Redis back (empty: no persistence): both
+    reconnect and hear each other again."""
+
+    def gauge(name: str) -> dict[str, float]:
+        result = stack.prometheus_query(f'{name}{{job="igw-gateway"}}')
+        return {r["metric"]["instance"]: float(r["value"][1]) for r in result}
+
+    def every_replica(name: str, value: float):
+        return lambda: gauge(name) == dict.fromkeys(GATEWAY_TARGETS, value)
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "outage"}], "max_tokens": 2}
+    stack.compose("stop", "-t", "5", "redis")
+    try:
+        for _ in range(4):  # new connections: both replicas
+            with httpx.Client(verify=stack.ssl_context(), timeout=30) as http:
+                start = time.monotonic()
+                reply = http.post(f"{stack.url}/v1/chat/completions", json=body)
+                assert reply.status_code == 200
+                assert time.monotonic() - start < 5, "a request waited for Redis"
+        wait_for(
+            "both replicas report coordination down",
+            every_replica("igw_coordination_connected", 0.0),
+            SCRAPE_TIMEOUT_S,
+            2,
+        )
+    finally:
+        stack.compose("start", "redis")
+    wait_for(
+        "redis healthy again",
+        lambda: stack.inspect("redis")["State"].get("Health", {}).get("Status") == "healthy",
+        60,
+    )
+    wait_for(
+        "both replicas reconnected",
+        every_replica("igw_coordination_connected", 1.0),
+        SCRAPE_TIMEOUT_S,
+        2,
+    )
+    wait_for(
+        "both replicas hear each other again",
+        every_replica("igw_coordination_live_replicas", float(len(GATEWAYS))),
+        SCRAPE_TIMEOUT_S,
+        2,
+    )
+    reconnects = gauge("igw_coordination_reconnects_total")
+    assert set(reconnects) == GATEWAY_TARGETS and all(n >= 1 for n in reconnects.values())

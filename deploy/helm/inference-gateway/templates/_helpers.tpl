@@ -102,6 +102,13 @@ set and spec.coordination when coordination is configured. */}}
 {{- $_ := set $coord "passwordFile" (include "igw.coordinationPasswordFile" .) }}
 {{- end }}
 {{- $coord = merge $coord (deepCopy (.Values.coordination.settings | default dict)) (deepCopy (dig "coordination" dict $cfg.spec)) }}
+{{- /* The picker's default prefix is igw:<metadata.namespace or "default">:<name>; a
+ConfigMap's config rarely names its namespace, so two releases sharing one Redis
+would share keys. Default it to the release namespace instead. */}}
+{{- if not $coord.keyPrefix }}
+{{- $ns := dig "metadata" "namespace" .Release.Namespace $cfg }}
+{{- $_ := set $coord "keyPrefix" (printf "igw:%s:%s" $ns (dig "metadata" "name" "inference-gateway" $cfg)) }}
+{{- end }}
 {{- $_ := set $cfg.spec "coordination" $coord }}
 {{- end }}
 {{- toYaml $cfg }}
