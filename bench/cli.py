@@ -5,6 +5,7 @@
     igw bench --smoke                              # seconds: tiny fleet, two routers
     igw bench --overhead                           # added latency and CPU per request
     igw bench --replicas 1,2,4 --no-coordination   # N gateways behind an L4 front
+    igw bench --family 100 --seed 0                # the gateway's twin on a scenario family
     igw bench --ext-proc-servers                   # grpc.aio vs grpclib vs ours behind Envoy
     igw bench --guidellm-check --guidellm PATH     # TTFT cross-check with guidellm
 
@@ -86,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --replicas: alternated repeats of every configuration")
     p.add_argument("--scrape-load", type=float, default=None, metavar="SECONDS",
                    help="with --replicas: measure the pods' scrape load at each N instead")
+    p.add_argument("--family", type=int, default=None, metavar="N",
+                   help="the gateway's twin (bench/twin.py) against the replay's yardsticks on "
+                        "N scenarios of the seeded family (bench/family.py) of --seed; results "
+                        "to bench/results/family.md (+ .json)")
+    p.add_argument("--twin-only", action="store_true",
+                   help="with --family: reuse the yardsticks of the previous family.json for "
+                        "unchanged plans, run only the twin")
+    p.add_argument("--twin-check", action="store_true",
+                   help="the twin on --scenario's plans against the live gateway's results in "
+                        "--out (default bench/results)")
     p.add_argument("--rerender", action="store_true",
                    help="rebuild REPORT.md and plots from the <scenario>.json files in --out "
                         "(default bench/results) without running anything")
@@ -123,6 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         return print_replay(_scenarios(args.scenario), args.seed, args.duration, args.time_scale)
     if args.replicas:
         return replicas_main(args, argv)
+    if args.family is not None:
+        from bench.family import run_family
+
+        run_family(args.seed, args.family, args.out or RESULTS, args.twin_only)
+        return 0
+    if args.twin_check:
+        from bench.twin import live_check
+
+        live_check(_scenarios(args.scenario), args.seed, args.out or RESULTS)
+        return 0
     if args.smoke:
         names = ["tiny"]
         routers = parse_routers(args.routers or "igw-llm-d,envoy-rr")

@@ -35,6 +35,7 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -331,3 +332,34 @@ def _scheduler_config(i: int, model: str, pods: list[dict[str, Any]], profile: s
 def twin(plan: Plan, profile: str = "llm-d", seed: int = 0) -> ReplayResult:
     """The gateway's TTFTs on `plan` (see `Twin`)."""
     return Twin(plan, profile, seed).run()
+
+
+def live_check(names: list[str], seed: int, results: Path) -> list[dict[str, Any]]:
+    """The twin on a hand-written scenario's plan with the live run's warm-up (the plan of
+    seed + 1000, 3 s wall, bench/cli.py), against the live gateway llm-d's figures in
+    results/<scenario>.json: their p95 ratio says whether the twin can stand in for it."""
+    from bench.family import warm_started
+    from bench.scenarios import SCENARIOS
+
+    rows = []
+    for name in names:
+        path = results / f"{name}.json"
+        if not path.exists():
+            continue
+        doc = orjson.loads(path.read_bytes())
+        live = next((s for s in doc["summaries"] if s.get("router") == "igw-llm-d"), None)
+        if live is None:
+            continue
+        scenario = SCENARIOS[name]
+        scale = doc["time_scale"]
+        plan = scenario.plan(seed, doc["duration_model_s"] / scale, scale)
+        warm = scenario.plan(seed + 1000, 3.0, scale)
+        ours = twin(warm_started(plan, warm, scale), seed=seed)
+        figs = ours.percentiles(measured_indices(warm_started(plan, warm, scale)))
+        rows.append({"scenario": name, "twin": figs,
+                     "live": {k: live[k] for k in ("ttft_p50", "ttft_p95", "ttft_p99")},
+                     "p95_ratio": round(figs["ttft_p95"] / live["ttft_p95"], 3)})
+        print(f"{name}: twin p50/p95/p99 {figs['ttft_p50']}/{figs['ttft_p95']}/"
+              f"{figs['ttft_p99']} s, live {live['ttft_p50']}/{live['ttft_p95']}/"
+              f"{live['ttft_p99']} s, p95 twin/live {rows[-1]['p95_ratio']}", flush=True)
+    return rows

@@ -1,0 +1,114 @@
+"""The scenario family (bench/family.py), the replay's adapter-affine yardstick and cheap pod
+fork (bench/replay.py), and the gateway's twin (bench/twin.py)."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from bench import replay as replay_module
+from bench.capacity import Workload, round_robin_capacity
+from bench.family import (
+    ARRIVALS,
+    MAX_ADAPTERS,
+    MAX_SLOTS,
+    PODS_RANGE,
+    UTILIZATION_RANGE,
+    arrivals,
+    draw_params,
+    scenario,
+)
+from bench.replay import measured_indices, replay
+from bench.scenarios import SCENARIOS, Plan, PoolPlan, capacities, chat_request, make_pods
+from bench.twin import twin
+from bench.workload import Corpus, lognormal, poisson_arrivals
+
+MODEL = "llama-3.1-8b"
+
+
+def test_generator_is_deterministic_per_seed_and_index() -> None:
+    assert draw_params(3, 7) == draw_params(3, 7)
+    assert draw_params(3, 7) != draw_params(4, 7)
+    first, again = scenario(1, 2), scenario(1, 2)
+    assert first.requests == again.requests and first.pods == again.pods
+    assert first.calibration["params"] == draw_params(1, 2)
+
+
+def test_parameters_stay_in_their_ranges() -> None:
+    kinds, engines = set(), set()
+    for index in range(60):
+        p = draw_params(0, index)
+        pods = sum(n for pool in p["pools"] for _, n in pool["gpus"])
+        assert PODS_RANGE[0] <= pods <= PODS_RANGE[1]
+        assert UTILIZATION_RANGE[0] <= p["utilization"] <= UTILIZATION_RANGE[1]
+        for pool in p["pools"]:
+            assert 0 <= pool["adapters"] <= MAX_ADAPTERS
+            if pool["adapters"]:
+                assert 1 <= pool["slots"] <= MAX_SLOTS
+            engines.add(pool["engine"])
+        kinds.add(p["arrivals"]["kind"])
+        if p["prefix"]:
+            assert 1 <= p["prefix"]["groups"] <= 8
+    assert kinds == set(ARRIVALS)
+    assert engines == {"vllm", "sglang", "trtllm"}
+
+
+@pytest.mark.parametrize("kind", ["ramp", "diurnal", "on-off"])
+def test_arrival_shapes_keep_the_mean_rate(kind: str) -> None:
+    shape = {"ramp": {"kind": "ramp", "swing": 0.6, "up": True},
+             "diurnal": {"kind": "diurnal", "swing": 0.5, "periods": 2, "phase": 0.0},
+             "on-off": {"kind": "on-off", "cycles": 4, "on_share": 0.3, "on_load": 2.0}}[kind]
+    times = arrivals(random.Random(0), shape, 50.0, 200.0)
+    assert len(times) == pytest.approx(50.0 * 200.0, rel=0.05)
+    assert times == sorted(times) and times[0] >= 0 and times[-1] < 200.0
+
+
+def test_family_plans_carry_a_warm_up_that_is_not_measured() -> None:
+    plan = scenario(0, 0)
+    measured = measured_indices(plan)
+    assert measured[0] > 0 and len(measured) < len(plan.requests)
+    assert all(r.max_tokens <= 16 for r in plan.requests[: measured[0]])
+
+
+def test_fork_is_the_same_as_a_deep_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = SCENARIOS["tiny"].plan(0)
+    fast = replay(plan, "best-ttft")
+    monkeypatch.setattr(replay_module.ReplayPod, "fork", lambda self: copy.deepcopy(self))
+    slow = replay(plan, "best-ttft")
+    assert fast == slow
+
+
+def test_adapter_affine_loads_fewer_adapters_than_round_robin() -> None:
+    plan = SCENARIOS["lora"].plan(0, wall_duration_s=3.0)
+    affine, rr = replay(plan, "adapter-affine"), replay(plan, "round-robin")
+    assert 0 < affine.adapter_loads < rr.adapter_loads
+
+
+def test_twin_routes_every_request_deterministically() -> None:
+    plan = SCENARIOS["tiny"].plan(0)
+    first, again = twin(plan), twin(plan)
+    assert first == again
+    assert all(t is not None and t > 0 for t in first.ttft_s)
+    assert set(first.pods) == {p["name"] for p in plan.pods}
+
+
+def _mixed_plan() -> Plan:
+    """One H100 and three A10Gs at 80 % of round-robin capacity: rotation overloads the A10Gs."""
+    rng = random.Random("twin-mixed")
+    corpus = Corpus(rng, chars=300_000)
+    pods = make_pods("h100", MODEL, 1, "m") + make_pods("a10g", MODEL, 3, "m")
+    caps = capacities(pods, Workload(400, 400, 60))
+    pool = PoolPlan(MODEL, pods, 0.8 * round_robin_capacity(caps), caps)
+    reqs = [chat_request(i, t, MODEL, MODEL, corpus.text_of(lognormal(rng, 400, 0.6, 16, 2000)),
+                         lognormal(rng, 60, 0.5, 4, 200), MODEL)
+            for i, t in enumerate(poisson_arrivals(rng, pool.rate, 0.0, 20.0))]
+    return Plan("twin-mixed", [pool], 1.0, 20.0, reqs)
+
+
+def test_twin_gateway_beats_strict_round_robin_on_a_mixed_fleet() -> None:
+    plan = _mixed_plan()
+    gateway = twin(plan).percentiles()
+    rr = replay(plan, "round-robin").percentiles()
+    assert gateway["ttft_p95"] < 0.5 * rr["ttft_p95"]
