@@ -86,7 +86,6 @@ class _Clock:
 class _Sent:
     """One measured or warm-up request from the gateway's point of view."""
 
-    position: int
     arrival: float  # model time it reached the gateway
     body: dict[str, Any]
     spec_model: str
@@ -223,7 +222,7 @@ class Twin:
             model=parsed.model, adapter=route.adapter, prompt_tokens=parsed.prompt_tokens,
             max_tokens=parsed.max_tokens,
             prefix_hashes=prefix_hashes(parsed.model, parsed.prompt, MAX_PREFIX_BLOCKS))
-        sent = _Sent(position, t, orjson.loads(spec.body), spec.model, route.pool, request)
+        sent = _Sent(t, orjson.loads(spec.body), spec.model, route.pool, request)
         self.sent[position] = sent
         tp = self.pools[route.pool]
         now = t / self.scale
