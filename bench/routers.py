@@ -68,8 +68,8 @@ class RouterSpec:
     label: str
 
     def make(self) -> Router:
-        cls = {"igw": GatewayRouter, "envoy": EnvoyRouter, "sglang": SglangRouter,
-               "vllm": VllmRouter}[self.kind]
+        cls = {"igw": GatewayRouter, "igw-coord": CoordinatedGatewayRouter,
+               "envoy": EnvoyRouter, "sglang": SglangRouter, "vllm": VllmRouter}[self.kind]
         return cls(self)
 
 
@@ -83,6 +83,8 @@ ROUTERS: dict[str, RouterSpec] = {
         # admission control off (saturation thresholds out of reach): for the overhead
         # benchmark, to separate the pipeline's cost from the admission queue's pacing
         RouterSpec("igw-llm-d-noadmit", "igw", "llm-d", "gateway llm-d, admission off"),
+        # spec.coordination on a throwaway redis-server (one replica: what sharing costs)
+        RouterSpec("igw-llm-d-coord", "igw-coord", "llm-d", "gateway llm-d, coordinated"),
         RouterSpec("envoy-rr", "envoy", "ROUND_ROBIN", "Envoy ROUND_ROBIN"),
         RouterSpec("envoy-lr", "envoy", "LEAST_REQUEST", "Envoy LEAST_REQUEST"),
         RouterSpec("sglang-rr", "sglang", "round_robin", "sglang-router round_robin"),
@@ -303,6 +305,29 @@ class GatewayRouter(Router):
 
     def pids(self) -> dict[str, int]:
         return gateway_pids(self.children[0].pid)
+
+
+class CoordinatedGatewayRouter(GatewayRouter):
+    """`igw serve` as GatewayRouter, with spec.coordination on its own redis-server: the
+    per-request cost of sharing routing state (alone, it publishes and folds nothing)."""
+
+    def start(self, work: Path, fleet: SimFleet, tls: TlsMaterial, time_scale: float) -> None:
+        from bench.replicas import start_redis  # bench.replicas imports this module
+
+        self.tls = tls
+        redis, url = start_redis(work / f"redis-{self.name}")
+        self.children = [redis]
+        config = gateway_config(self.spec, fleet, tls, time_scale)
+        config["spec"]["coordination"] = {"url": url}
+        child = spawn_gateway(work / f"gw-{self.name}", config)
+        self.children.append(child)  # stopped first (reversed): its bye reaches Redis
+        wait_gateway(child)
+        base = f"https://127.0.0.1:{config['spec']['listener']['port']}"
+        self.urls = {model: base for model in fleet.pools()}
+        self.admin_port = config["spec"]["ports"]["admin"]
+
+    def pids(self) -> dict[str, int]:
+        return {**gateway_pids(self.children[1].pid), "redis": self.children[0].pid}
 
 
 class EnvoyRouter(Router):

@@ -132,7 +132,7 @@ class CoordinationConfig:
     # Prefix of every key; None: derived from metadata (`GatewayConfig.coordination_prefix`).
     key_prefix: str | None = None
     # How long a dispatch or completion waits locally to be batched with others.
-    flush_interval_s: float = 0.005
+    flush_interval_s: float = 0.01
     # How often a replica says it is alive (an empty batch when nothing else was sent).
     heartbeat_interval_s: float = 1.0
     # Silence after which a replica counts as dead and its in-flight work is released.
