@@ -210,6 +210,7 @@ def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     coordination = [False, True] if args.compare_coordination else [not args.no_coordination]
     results = args.out or RESULTS
     table = results / "replicas.json"
+    results.mkdir(parents=True, exist_ok=True)
     command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="igw-bench-") as tmp:
         work = args.work or Path(tmp)
@@ -227,7 +228,7 @@ def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
             failed = asyncio.run(_run(names, routers, args, out, work, False, command))
             meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                     "command": command}
-            doc = update_results(out, names, table, meta)
+            doc = update_results([out], names, table, meta)
     (results / "replicas.md").write_text(render_markdown(doc))
     print(f"replicas: {results / 'replicas.md'}", flush=True)
     return failed
