@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from contract.config import parse_config
+from contract.config import GatewayConfig, parse_config
 from picker.coordination.codec import (
     COMPLETE,
     DISPATCH,
@@ -176,15 +176,24 @@ def test_adding_or_changing_coordination_needs_a_restart():
 # -- two replicas, one real Redis -------------------------------------------------------------
 
 
+def start_pair(config: GatewayConfig) -> tuple[Replica, Replica]:
+    """Two replicas of one config with their coordinators running (not yet connected)."""
+    a, b = Replica.make(config, "a"), Replica.make(config, "b")
+    a.coordinator.start()
+    b.coordinator.start()
+    return a, b
+
+
+def connected(*replicas: Replica) -> bool:
+    return all(r.coordinator.stats.connected for r in replicas)
+
+
 async def test_a_dispatch_on_one_replica_counts_on_the_other_and_its_completion_releases():
     with redis_server() as redis:
         config = pair_config(redis.url)
-        a, b = Replica.make(config, "a"), Replica.make(config, "b")
-        a.coordinator.start()
-        b.coordinator.start()
+        a, b = start_pair(config)
         try:
-            await eventually(lambda: a.coordinator.stats.connected
-                             and b.coordinator.stats.connected, 5)
+            await eventually(lambda: connected(a, b), 5)
             prompt = long_prompt("conv")
             decision = a.route(prompt)
             row_b = b.row(decision.address)
@@ -211,12 +220,9 @@ async def test_a_killed_replica_stops_counting_within_the_stated_bound():
     with redis_server() as redis:
         config = pair_config(redis.url)
         settings = config.coordination
-        a, b = Replica.make(config, "a"), Replica.make(config, "b")
-        a.coordinator.start()
-        b.coordinator.start()
+        a, b = start_pair(config)
         try:
-            await eventually(lambda: a.coordinator.stats.connected
-                             and b.coordinator.stats.connected, 5)
+            await eventually(lambda: connected(a, b), 5)
             for i in range(5):
                 a.route(long_prompt(f"k{i}"))
             await eventually(lambda: b.inflight() == 5, 2.0)
@@ -235,12 +241,9 @@ async def test_a_killed_replica_stops_counting_within_the_stated_bound():
 async def test_redis_down_never_touches_routing_and_the_link_comes_back():
     with redis_server() as redis:
         config = pair_config(redis.url)
-        a, b = Replica.make(config, "a"), Replica.make(config, "b")
-        a.coordinator.start()
-        b.coordinator.start()
+        a, b = start_pair(config)
         try:
-            await eventually(lambda: a.coordinator.stats.connected
-                             and b.coordinator.stats.connected, 5)
+            await eventually(lambda: connected(a, b), 5)
             redis.stop()
             await eventually(lambda: not a.coordinator.stats.connected, 5)
             for i in range(50):  # routing goes on, on local state
