@@ -156,10 +156,16 @@ def _stat_value(text: str, name: str) -> int | None:
 
 
 async def wait_ready(config: GatewayConfig, deadline_s: float = READY_TIMEOUT_S) -> None:
-    """Until the picker answers gRPC health and Envoy answers HTTPS /healthz."""
+    """Until the picker answers gRPC health, Envoy's admin says LIVE (every listener, cluster
+    and route file loaded) and the HTTPS listener completes a TLS handshake.
+
+    No HTTP request is sent to the listener: it would be the first line of Envoy's access
+    log on stdout, before the URL that `igw serve` / `igw up` promise as their first line.
+    """
     deadline = time.monotonic() + deadline_s
     await _wait(lambda: _picker_serving(config.picker_port), deadline, "picker")
-    await _wait(lambda: _envoy_serving(config.listen_port), deadline, "envoy")
+    await _wait(lambda: _envoy_live(config.envoy_admin_port), deadline, "envoy")
+    await _wait(lambda: _tls_accepted(config.listen_port), deadline, "envoy listener")
 
 
 async def _wait(probe, deadline: float, what: str) -> None:
@@ -180,24 +186,36 @@ async def _picker_serving(port: int) -> bool:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def _envoy_serving(port: int) -> bool:
+async def _envoy_live(admin_port: int) -> bool:
+    """Envoy's admin `/ready`: 200 once the server is LIVE (its init manager done)."""
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", admin_port), 1.0
+        )
+    except (OSError, TimeoutError):
+        return False
+    try:
+        writer.write(b"GET /ready HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        line = await asyncio.wait_for(reader.readline(), 1.0)
+        return b" 200 " in line
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+async def _tls_accepted(port: int) -> bool:
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     try:
-        reader, writer = await asyncio.wait_for(
+        _, writer = await asyncio.wait_for(
             asyncio.open_connection("127.0.0.1", port, ssl=ctx), 1.0
         )
     except (OSError, TimeoutError, ssl.SSLError):
         return False
-    try:
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        line = await asyncio.wait_for(reader.readline(), 1.0)
-        return b" 200 " in line
-    except (OSError, TimeoutError, ssl.SSLError):
-        return False
-    finally:
-        writer.close()
+    writer.close()
+    return True
 
 
 def announce(config: GatewayConfig, state_dir: Path, sample: bool) -> None:
@@ -294,7 +312,9 @@ async def up(state_dir: Path, port: int) -> int:
     fleet_path, config_path = up_files(state_dir, port)
     config = load_config(config_path)
     sim = ChildSpec(
-        name="simulator", argv=[sys.executable, "-m", "simulator", "--fleet", str(fleet_path)]
+        name="simulator",
+        argv=[sys.executable, "-m", "simulator", "--fleet", str(fleet_path)],
+        stdout_to_stderr=True,
     )
     supervisor = Supervisor([sim, *gateway_children(config_path, state_dir, None)])
 

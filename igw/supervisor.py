@@ -17,6 +17,7 @@ import ctypes
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ class ChildSpec:
     before_start: Callable[[], None] | None = None
     # Awaited before the stop signal on shutdown (not on crash restarts), e.g. a drain.
     before_stop: Callable[[], Awaitable[None]] | None = None
+    # True: the child's stdout goes to our stderr, keeping our stdout for what a caller
+    # reads (the URL line first, then Envoy's access log).
+    stdout_to_stderr: bool = False
 
 
 @dataclass
@@ -85,7 +89,10 @@ class Supervisor:
             child.spec.before_start()
         env = {**os.environ, **(child.spec.env or {})}
         child.proc = await asyncio.create_subprocess_exec(
-            *child.spec.argv, env=env, preexec_fn=_die_with_parent
+            *child.spec.argv,
+            env=env,
+            preexec_fn=_die_with_parent,
+            stdout=sys.stderr if child.spec.stdout_to_stderr else None,
         )
         child.started_at = time.monotonic()
         log.info("started %s pid=%d", child.spec.name, child.proc.pid)

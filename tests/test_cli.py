@@ -24,7 +24,9 @@ def test_igw_up_serves_the_embedded_fleet(tmp_path):
     up = start_piped("igw up", [*IGW, "up", "--port", str(port)],
                      env={"IGW_STATE_DIR": str(tmp_path)})
     try:
-        url = wait_line(up, lambda line: line.startswith("https://"), 90)
+        # The README's promise: the first line on stdout is the URL (no simulator line, no
+        # access-log line of the readiness probe before it).
+        url = wait_line(up, lambda line: bool(line.strip()), 90)
         assert url == f"https://127.0.0.1:{port}"
         ca = tmp_path / "up" / "tls" / "ca.pem"
         ctx = ssl.create_default_context(cafile=str(ca))
