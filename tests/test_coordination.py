@@ -19,6 +19,7 @@ from picker.coordination.codec import (
     decode_batch,
     encode_batches,
 )
+from picker.coordination.coordinator import TASKS_END_TIMEOUT_S
 from picker.coordination.outbox import Outbox
 from picker.reload import restart_only_changes
 from picker.scheduling.request import SchedulingRequest
@@ -293,3 +294,32 @@ async def test_a_late_joiner_warms_its_prefix_index_from_the_snapshot():
                 await late.coordinator.stop()
         finally:
             await a.coordinator.stop()
+
+
+async def test_stop_ends_even_when_a_loop_loses_its_cancellation():
+    """The CI hang: on Python 3.11 a cancel landing in redis-py's wait_for is lost
+    (python/cpython#86296) and the read loop went on; stop() must still return.
+    Here the registry read loses the first cancel on purpose, like that race."""
+    with redis_server() as redis:
+        replica = Replica.make(pair_config(redis.url), "a")
+        bus = replica.coordinator.bus
+        real_peers, entered, lost = bus.peers, asyncio.Event(), []
+
+        async def peers_losing_a_cancel(now_wall: float) -> list[str]:
+            entered.set()
+            try:
+                await asyncio.sleep(30)  # stop() comes while this waits
+            except asyncio.CancelledError:
+                if lost:
+                    raise
+                lost.append(True)
+            return await real_peers(now_wall)
+
+        bus.peers = peers_losing_a_cancel
+        replica.coordinator.start()
+        tasks = list(replica.coordinator._tasks)
+        await asyncio.wait_for(entered.wait(), 5)
+        start = time.monotonic()
+        await replica.coordinator.stop()
+        assert lost and all(t.done() for t in tasks)
+        assert time.monotonic() - start < TASKS_END_TIMEOUT_S  # ended, not given up on

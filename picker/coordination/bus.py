@@ -112,7 +112,8 @@ class Bus:
         for client in (self._writer, self._reader):
             if client is not None:
                 try:
-                    await asyncio.wait_for(client.aclose(), self.settings.timeout_s)
+                    async with asyncio.timeout(self.settings.timeout_s):
+                        await client.aclose()
                 except (RedisError, OSError, TimeoutError) as exc:
                     log.debug("coordination close: %s", exc)
         self._writer = self._reader = None

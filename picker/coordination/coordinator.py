@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from contract.config import CoordinationConfig, GatewayConfig
+from picker.cancellation import cancel_and_wait
 from picker.coordination import snapshot
 from picker.coordination.bus import Bus, BusError
 from picker.coordination.codec import CodecError, decode_batch, encode_batches
@@ -44,6 +45,8 @@ BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 # A final flush and bye on stop get this long at most (the process is exiting).
 STOP_TIMEOUT_S = 1.0
+# Cancelled loops end within this (one blocked in XREAD ends at once; see cancellation).
+TASKS_END_TIMEOUT_S = 2.0
 
 
 @dataclass(slots=True)
@@ -99,11 +102,7 @@ class Coordinator:
         """Send what is buffered and a bye (bounded), then close. Call after draining:
         the completions of the drained requests are in that last flush."""
         self.director.outbox = None
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks, TASKS_END_TIMEOUT_S)
         self._tasks = []
         if self.stats.connected:
             try:
@@ -269,9 +268,7 @@ async def _first_failure(*coros: Coroutine[Any, Any, None]) -> None:
         for task in done:
             task.result()
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks, TASKS_END_TIMEOUT_S)
 
 
 def _safe_url(url: str) -> str:

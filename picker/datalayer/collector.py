@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from contract.config import MetricsConfig
+from picker.cancellation import cancel_and_wait
 from picker.datalayer.columns import write_snapshot
 from picker.datalayer.engines import profile_for
 from picker.datalayer.parser import MetricsParseError, MetricsSnapshot, parser_for
@@ -127,10 +128,7 @@ class MetricsCollector:
         tasks = [t for t in (self._supervisor,) if t is not None]
         tasks += [p.task for p in self._pods.values()]
         tasks += [s.prometheus_task for s in self._pools.values() if s.prometheus_task]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.options.stop_timeout_s)
+        await cancel_and_wait(tasks, self.options.stop_timeout_s)
         for state in self._pools.values():
             if state.prometheus is not None:
                 state.prometheus.close()

@@ -47,6 +47,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 
 from contract.config import GatewayConfig
+from picker.cancellation import cancel_and_wait
 from picker.datastore import Datastore
 from picker.discovery.config_resource import (
     GROUP,
@@ -71,6 +72,8 @@ MAX_RESUMES = 5
 MIN_HEALTHY_SESSION_S = 1.0
 CONFIG_POLL_S = 0.5
 REQUEST_TIMEOUT_S = 10.0
+# Watches end within this on stop (cancelled until done: see picker.cancellation).
+STOP_TIMEOUT_S = 5.0
 
 
 class DiscoveryTarget(Protocol):
@@ -207,9 +210,7 @@ class KubernetesDiscovery:
     async def stop(self) -> None:
         """End every watch and close the client; pools keep their members (we are stopping)."""
         tasks = self._tasks + [w.task for w in self._pod_watches.values() if w.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks, STOP_TIMEOUT_S)
         self._tasks.clear()
         self._pod_watches.clear()
         if self._owns_client and self._client is not None:
