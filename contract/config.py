@@ -145,6 +145,9 @@ class CoordinationConfig:
     buffer_size: int = 8192
     # How often a replica stores the prefix-index and adapter snapshot late joiners read.
     snapshot_interval_s: float = 30.0
+    # One live replica scrapes each pod and publishes the parsed numbers to the others
+    # (picker.coordination.scrapes); False: every replica scrapes every pod itself.
+    share_scrapes: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -480,6 +483,7 @@ def _coordination(data: Any, path: str) -> CoordinationConfig | None:
     )
     max_len = _typed(f.take("streamMaxLen", d.stream_max_len), int, f.at("streamMaxLen"))
     buffer = _typed(f.take("bufferSize", d.buffer_size), int, f.at("bufferSize"))
+    share = _typed(f.take("shareScrapes", d.share_scrapes), bool, f.at("shareScrapes"))
     f.done()
     if flush > 1.0:
         raise ConfigError(f"{f.at('flushInterval')}: at most 1s, got {flush:g}s")
@@ -500,6 +504,7 @@ def _coordination(data: Any, path: str) -> CoordinationConfig | None:
         stream_max_len=max_len,
         buffer_size=buffer,
         snapshot_interval_s=snapshot,
+        share_scrapes=share,
     )
 
 

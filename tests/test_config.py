@@ -201,10 +201,12 @@ def test_coordination_absent_by_default_and_parsed_when_given():
                 "heartbeatInterval": "500ms",
                 "replicaTimeout": "3s",
                 "streamMaxLen": 5000,
+                "shareScrapes": False,
             }
         )
     ).coordination
     assert tuned is not None
+    assert config.coordination.share_scrapes and not tuned.share_scrapes
     assert (tuned.flush_interval_s, tuned.heartbeat_interval_s, tuned.replica_timeout_s) == (
         0.002, 0.5, 3.0,
     )
@@ -224,6 +226,7 @@ def test_coordination_absent_by_default_and_parsed_when_given():
         ({"url": "redis://r", "streamMaxLen": 5}, "spec.coordination.streamMaxLen"),
         ({"url": "redis://r", "bufferSize": "big"}, "spec.coordination.bufferSize"),
         ({"url": "redis://r", "keyPrefix": ""}, "spec.coordination.keyPrefix"),
+        ({"url": "redis://r", "shareScrapes": "yes"}, "spec.coordination.shareScrapes"),
         ("redis://r", "spec.coordination"),
     ],
 )

@@ -214,6 +214,7 @@ ACCEPTED: dict[str, Callable[[], dict[str, Any]]] = {
             "snapshotInterval": "1m",
             "streamMaxLen": 100000,
             "bufferSize": 4096,
+            "shareScrapes": False,
         }
     ),
 }
@@ -351,6 +352,7 @@ def test_schema_covers_exactly_the_picker_fields():
     assert set(spec["coordination"]["properties"]) == {
         "url", "passwordFile", "keyPrefix", "flushInterval", "heartbeatInterval",
         "replicaTimeout", "timeout", "snapshotInterval", "streamMaxLen", "bufferSize",
+        "shareScrapes",
     }
     sched = spec["schedulers"]["items"]["properties"]
     assert set(sched) == {
