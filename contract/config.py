@@ -129,6 +129,11 @@ class CoordinationConfig:
     # A file whose whole content (trailing newline stripped) is the password: a
     # mounted Kubernetes Secret is such a file. Read at start, never logged.
     password_file: str | None = None
+    # ACL user (Redis 6+ ACLs, ElastiCache RBAC) the password belongs to; None: `default`.
+    username: str | None = None
+    # PEM bundle of the CA that signed the server's certificate (rediss:// with a private
+    # CA); None: the system trust store, which verifies ElastiCache's certificates.
+    ca_file: str | None = None
     # Prefix of every key; None: derived from metadata (`GatewayConfig.coordination_prefix`).
     key_prefix: str | None = None
     # How long a dispatch or completion waits locally to be batched with others.
@@ -453,6 +458,13 @@ def _check_unique(schedulers: tuple[SchedulerConfig, ...], path: str) -> None:
             seen_models[model] = where
 
 
+def _optional_text(f: _Fields, name: str) -> str | None:
+    value = f.take(name)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{f.at(name)}: expected a non-empty string")
+    return value
+
+
 def _coordination(data: Any, path: str) -> CoordinationConfig | None:
     if data is None:
         return None
@@ -466,12 +478,12 @@ def _coordination(data: Any, path: str) -> CoordinationConfig | None:
             f"{f.at('url')}: scheme must be one of {', '.join(COORDINATION_SCHEMES)}; got {url!r}"
         )
     d = CoordinationConfig(url=url)
-    password_file = f.take("passwordFile")
-    if password_file is not None:
-        _typed(password_file, str, f.at("passwordFile"))
-    prefix = f.take("keyPrefix")
-    if prefix is not None and (not isinstance(prefix, str) or not prefix):
-        raise ConfigError(f"{f.at('keyPrefix')}: expected a non-empty string")
+    password_file = _optional_text(f, "passwordFile")
+    username = _optional_text(f, "username")
+    ca_file = _optional_text(f, "caFile")
+    if ca_file is not None and scheme != "rediss":
+        raise ConfigError(f"{f.at('caFile')}: only with a rediss:// url (TLS); got {url!r}")
+    prefix = _optional_text(f, "keyPrefix")
     flush = parse_duration(f.take("flushInterval", d.flush_interval_s), f.at("flushInterval"))
     heartbeat = parse_duration(
         f.take("heartbeatInterval", d.heartbeat_interval_s), f.at("heartbeatInterval")
@@ -496,6 +508,8 @@ def _coordination(data: Any, path: str) -> CoordinationConfig | None:
     return CoordinationConfig(
         url=url,
         password_file=password_file,
+        username=username,
+        ca_file=ca_file,
         key_prefix=prefix,
         flush_interval_s=flush,
         heartbeat_interval_s=heartbeat,

@@ -22,6 +22,7 @@ import pytest
 from bench.procs import Child, start_piped, wait_line
 from contract.config import GatewayConfig, parse_config
 from igw.ports import free_port
+from igw_envoy.tls import TlsFiles
 from picker.coordination import Coordinator
 from picker.datastore import Datastore
 from picker.director import Decision, Director, RequestInfo
@@ -38,16 +39,25 @@ class RedisServer:
     port: int
     child: Child | None = None
     starts: int = 0
+    # TLS on the port (the server's pair; clients are not asked for certificates)
+    tls: TlsFiles | None = None
+    # more configuration, e.g. ACL users: ("--user", "alice", "on", ">pw", "~*", "+@all")
+    extra_args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        port = ["--port", str(self.port)]
+        if self.tls is not None:
+            port = ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no",
+                    "--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key)]
         child = start_piped(
             "redis-server",
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no"],
+            [REDIS_SERVER, *port, "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no",
+             *self.extra_args],
         )
         wait_line(child, lambda line: "Ready to accept connections" in line, 15)
         child.drain()
@@ -61,10 +71,10 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[RedisServer]:
+def redis_server(*extra_args: str, tls: TlsFiles | None = None) -> Iterator[RedisServer]:
     if shutil.which(REDIS_SERVER) is None:
         pytest.skip("redis-server is not installed (make test installs it)")
-    server = RedisServer(free_port())
+    server = RedisServer(free_port(), tls=tls, extra_args=extra_args)
     server.start()
     try:
         yield server

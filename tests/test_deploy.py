@@ -427,6 +427,24 @@ def test_chart_with_external_redis_url_and_auth_secret():
     assert "WITHOUT coordination" not in text
 
 
+def test_chart_with_an_acl_user_and_a_private_ca():
+    objs = render({"coordination": {"url": ELASTICACHE_URL, "existingSecret": "igw-redis-auth",
+                                    "username": "gateway", "caConfigMap": "redis-ca"}})
+    for obj in objs:
+        validate_k8s(obj)
+    coordination = gateway_config(objs).coordination
+    assert coordination is not None and coordination.username == "gateway"
+    assert coordination.ca_file == "/etc/igw-coordination-ca/ca.pem"
+    assert {"name": "coordination-ca", "mountPath": "/etc/igw-coordination-ca",
+            "readOnly": True} in container(objs)["volumeMounts"]
+    pod = gateway_deployment(objs)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "coordination-ca"]
+    assert volume["configMap"] == {"name": "redis-ca",
+                                   "items": [{"key": "ca.crt", "path": "ca.pem"}]}
+    with pytest.raises(Exception, match="needs a rediss://"):
+        render({"coordination": {"url": "redis://valkey:6379/0", "caConfigMap": "redis-ca"}})
+
+
 def test_chart_external_url_without_secret_mounts_nothing():
     objs = render({"coordination": {"url": "redis://valkey.cache.svc:6379/2"}})
     coordination = gateway_config(objs).coordination

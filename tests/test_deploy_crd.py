@@ -206,6 +206,8 @@ ACCEPTED: dict[str, Callable[[], dict[str, Any]]] = {
         coordination={
             "url": "rediss://cache.example:6380/2",
             "passwordFile": "/var/run/secrets/redis/password",
+            "username": "gateway",
+            "caFile": "/etc/igw-coordination/ca.pem",
             "keyPrefix": "igw:prod",
             "flushInterval": "2ms",
             "heartbeatInterval": "500ms",
@@ -271,6 +273,10 @@ REJECTED_BY_CEL: dict[str, tuple[Callable[[], dict[str, Any]], str]] = {
     "prometheus without url": (
         lambda: with_scheduler(metrics={"source": "prometheus"}),
         "prometheusUrl",
+    ),
+    "coordination caFile without tls": (
+        lambda: with_spec(coordination={"url": "redis://r:6379/0", "caFile": "/ca.pem"}),
+        "caFile only with a rediss:// url",
     ),
 }
 
@@ -350,9 +356,9 @@ def test_schema_covers_exactly_the_picker_fields():
         "coordination",
     }
     assert set(spec["coordination"]["properties"]) == {
-        "url", "passwordFile", "keyPrefix", "flushInterval", "heartbeatInterval",
-        "replicaTimeout", "timeout", "snapshotInterval", "streamMaxLen", "bufferSize",
-        "shareScrapes",
+        "url", "passwordFile", "username", "caFile", "keyPrefix", "flushInterval",
+        "heartbeatInterval", "replicaTimeout", "timeout", "snapshotInterval", "streamMaxLen",
+        "bufferSize", "shareScrapes",
     }
     sched = spec["schedulers"]["items"]["properties"]
     assert set(sched) == {

@@ -98,9 +98,17 @@ class Bus:
     def _client(
         self, password: str | None, socket_timeout: float, connections: int
     ) -> aioredis.Redis:
+        tls: dict[str, Any] = {}
+        if self.settings.url.startswith("rediss://"):
+            # verified, host name included (redis-py 5 did not check it by default);
+            # no caFile: the system trust store
+            tls = {"ssl_cert_reqs": "required", "ssl_check_hostname": True,
+                   "ssl_ca_certs": self.settings.ca_file}
         return aioredis.Redis.from_url(
             self.settings.url,
+            username=self.settings.username,
             password=password,
+            **tls,
             socket_timeout=socket_timeout,
             socket_connect_timeout=self.settings.timeout_s,
             retry=Retry(NoBackoff(), 0),

@@ -69,6 +69,8 @@ app.kubernetes.io/part-of: inference-gateway
 {{/* Where the coordination password Secret is mounted, and the file the picker reads. */}}
 {{- define "igw.coordinationDir" -}}/etc/igw-coordination{{- end }}
 {{- define "igw.coordinationPasswordFile" -}}{{ include "igw.coordinationDir" . }}/password{{- end }}
+{{- define "igw.coordinationCaDir" -}}/etc/igw-coordination-ca{{- end }}
+{{- define "igw.coordinationCaFile" -}}{{ include "igw.coordinationCaDir" . }}/ca.pem{{- end }}
 
 {{/* The Redis URL of spec.coordination: coordination.url, the bundled Redis, or empty. */}}
 {{- define "igw.coordinationURL" -}}
@@ -100,6 +102,15 @@ set and spec.coordination when coordination is configured. */}}
 {{- $coord := dict "url" $url }}
 {{- if .Values.coordination.existingSecret }}
 {{- $_ := set $coord "passwordFile" (include "igw.coordinationPasswordFile" .) }}
+{{- end }}
+{{- if .Values.coordination.username }}
+{{- $_ := set $coord "username" .Values.coordination.username }}
+{{- end }}
+{{- if .Values.coordination.caConfigMap }}
+{{- if not (hasPrefix "rediss://" $url) }}
+{{- fail "coordination.caConfigMap: needs a rediss:// coordination.url (TLS)" }}
+{{- end }}
+{{- $_ := set $coord "caFile" (include "igw.coordinationCaFile" .) }}
 {{- end }}
 {{- $coord = merge $coord (deepCopy (.Values.coordination.settings | default dict)) (deepCopy (dig "coordination" dict $cfg.spec)) }}
 {{- /* The picker's default prefix is igw:<metadata.namespace or "default">:<name>; a
