@@ -68,6 +68,10 @@ def format_coordination(state: dict) -> str:
         f"buffered={state.get('buffered', 0)} dropped={state.get('dropped', 0)} "
         f"reconnects={state.get('reconnects', 0)}"
     )
+    if state.get("share_scrapes"):
+        line += (f" scrapes=owner:{state.get('scrape_owner', 0)},"
+                 f"shared:{state.get('scrape_shared', 0)},"
+                 f"fallback:{state.get('scrape_fallback', 0)}")
     if state.get("last_error") and not state.get("connected"):
         line += f" last_error={state['last_error']!r}"
     return line

@@ -75,7 +75,8 @@ class PickerApp:
         self.metrics.attach(self.datastore, self._process_metrics)
         # Shared routing state with the other gateway replicas (spec.coordination).
         self.coordination = (
-            Coordinator(config, self.director) if config.coordination is not None else None
+            Coordinator(config, self.director, collector=self.collector)
+            if config.coordination is not None else None
         )
         if self.coordination is not None:
             self.metrics.attach_coordination(self.coordination)

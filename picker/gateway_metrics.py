@@ -22,6 +22,7 @@ from picker.datastore import Datastore
 
 if TYPE_CHECKING:
     from picker.coordination import Coordinator
+    from picker.coordination.scrapes import SharedScrapes
     from picker.datalayer.stats import ScrapeCounters
     from picker.director import Director
 
@@ -244,7 +245,8 @@ class _CoordinationCollector(Collector):
             ("reconnects", "Times the link was lost after being up.", s.reconnects),
             ("decode_errors", "Remote entries that were not a readable batch.",
              s.decode_errors),
-            ("unresolved_events", "Remote dispatches naming a pool or pod unknown here.",
+            ("unresolved_events", "Remote dispatches and scrape results naming a pool or "
+             "pod unknown here.",
              c.folder.unresolved),
             ("released_requests", "Remote requests released without their completion "
              "(their replica died, or the completion never came).",
@@ -262,6 +264,42 @@ class _CoordinationCollector(Collector):
         dropped.add_metric(["buffer_full"], float(c.outbox.dropped))
         dropped.add_metric(["send_failed"], float(s.send_failed))
         yield dropped
+        if c.scrapes is not None:
+            yield from _scrape_sharing(name, s.scrapes_sent, c.scrapes)
+
+
+def _scrape_sharing(name: str, sent: int, scrapes: SharedScrapes) -> Iterator[Metric]:
+    """Shared scrape results (spec.coordination.shareScrapes); this replica's own scrapes
+    stay in igw_pod_scrapes_total."""
+    pods = GaugeMetricFamily(
+        f"{name}_scrape_pods", "Pods by who scrapes them for this replica: owner (this "
+        "replica, sharing the results), shared (their owner; results received), fallback "
+        "(this replica, as the owner's results are not arriving fresh).", labels=["role"],
+    )
+    for role, count in scrapes.roles().items():
+        pods.add_metric([role], float(count))
+    yield pods
+    st = scrapes.stats
+    received = CounterMetricFamily(
+        f"{name}_shared_scrapes_received", "Other replicas' scrape results for pods known "
+        "here, by result (used: written into the pod's row; ignored: older than the row's "
+        "last scrape, or a pod this replica owns).", labels=["result"],
+    )
+    received.add_metric(["used"], float(st.used))
+    received.add_metric(["ignored"], float(st.ignored))
+    yield received
+    counters = (
+        ("shared_scrapes_sent", "Scrape results this replica shared as the pods' owner.",
+         sent),
+        ("scrapes_skipped", "Scrapes this replica did not make: the owner's fresh result "
+         "covered the pod.", st.skipped),
+        ("scrape_fallbacks", "Scrapes this replica made of a pod another replica owns, its "
+         "results not arriving fresh.", st.fallbacks),
+    )
+    for suffix, doc, value in counters:
+        counter = CounterMetricFamily(f"{name}_{suffix}", doc)
+        counter.add_metric([], float(value))
+        yield counter
 
 
 def process_families(ejected_pods: int) -> Iterator[Metric]:

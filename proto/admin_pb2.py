@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/admin.proto\x12\x0cigw.admin.v1\"\xfc\x02\n\x08PodState\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x15\n\rmetrics_fresh\x18\x05 \x01(\x08\x12\x15\n\rmetrics_age_s\x18\x06 \x01(\x01\x12\x0f\n\x07waiting\x18\x07 \x01(\x01\x12\x0f\n\x07running\x18\x08 \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\t \x01(\x01\x12\x10\n\x08inflight\x18\n \x01(\x01\x12\x1f\n\x17\x64ispatched_since_scrape\x18\x0b \x01(\x01\x12\"\n\x1aoutstanding_prefill_tokens\x18\x0c \x01(\x01\x12\x1c\n\x14prefill_tokens_per_s\x18\r \x01(\x01\x12\x15\n\rdecode_step_s\x18\x0e \x01(\x01\x12\x0e\n\x06ttft_s\x18\x0f \x01(\x01\x12\x1d\n\x15running_lora_adapters\x18\x10 \x03(\t\x12\r\n\x05picks\x18\x11 \x01(\x04\"\xb0\x01\n\tPoolState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x11\n\tscheduler\x18\x03 \x01(\t\x12\x15\n\rlora_adapters\x18\x04 \x03(\t\x12$\n\x04pods\x18\x05 \x03(\x0b\x32\x16.igw.admin.v1.PodState\x12\x11\n\tsaturated\x18\x06 \x01(\x08\x12\x1e\n\x16\x61\x64mission_queue_length\x18\x07 \x01(\r\"\x12\n\x10ListPoolsRequest\"\xf8\x01\n\x11\x43oordinationState\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05peers\x18\x04 \x03(\t\x12\x17\n\x0fremote_inflight\x18\x05 \x01(\x04\x12\r\n\x05lag_s\x18\x06 \x01(\x01\x12\x10\n\x08\x62uffered\x18\x07 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x08 \x01(\x04\x12\x13\n\x0bsend_failed\x18\t \x01(\x04\x12\x12\n\nreconnects\x18\n \x01(\x04\x12\x12\n\nlast_error\x18\x0b \x01(\t\x12\x17\n\x0fsnapshot_loaded\x18\x0c \x01(\x08\"r\n\x11ListPoolsResponse\x12&\n\x05pools\x18\x01 \x03(\x0b\x32\x17.igw.admin.v1.PoolState\x12\x35\n\x0c\x63oordination\x18\x02 \x01(\x0b\x32\x1f.igw.admin.v1.CoordinationState\"\x98\x01\n\x0e\x45xplainRequest\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0c\n\x04path\x18\x02 \x01(\t\x12:\n\x07headers\x18\x03 \x03(\x0b\x32).igw.admin.v1.ExplainRequest.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa6\x01\n\x08PodScore\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\x01\x12\x32\n\x06scores\x18\x03 \x03(\x0b\x32\".igw.admin.v1.PodScore.ScoresEntry\x12\x17\n\x0f\x66iltered_reason\x18\x04 \x01(\t\x1a-\n\x0bScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa2\x01\n\x0f\x45xplainResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x03 \x01(\t\x12\x0e\n\x06picked\x18\x04 \x03(\t\x12$\n\x04pods\x18\x05 \x03(\x0b\x32\x16.igw.admin.v1.PodScore\x12\x14\n\x0c\x65rror_status\x18\x06 \x01(\x05\x12\x15\n\rerror_message\x18\x07 \x01(\t\"?\n\x0fSetDrainRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x64rain\x18\x03 \x01(\x08\"#\n\x10SetDrainResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x32\xef\x01\n\x0cGatewayAdmin\x12L\n\tListPools\x12\x1e.igw.admin.v1.ListPoolsRequest\x1a\x1f.igw.admin.v1.ListPoolsResponse\x12\x46\n\x07\x45xplain\x12\x1c.igw.admin.v1.ExplainRequest\x1a\x1d.igw.admin.v1.ExplainResponse\x12I\n\x08SetDrain\x12\x1d.igw.admin.v1.SetDrainRequest\x1a\x1e.igw.admin.v1.SetDrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/admin.proto\x12\x0cigw.admin.v1\"\xfc\x02\n\x08PodState\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x15\n\rmetrics_fresh\x18\x05 \x01(\x08\x12\x15\n\rmetrics_age_s\x18\x06 \x01(\x01\x12\x0f\n\x07waiting\x18\x07 \x01(\x01\x12\x0f\n\x07running\x18\x08 \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\t \x01(\x01\x12\x10\n\x08inflight\x18\n \x01(\x01\x12\x1f\n\x17\x64ispatched_since_scrape\x18\x0b \x01(\x01\x12\"\n\x1aoutstanding_prefill_tokens\x18\x0c \x01(\x01\x12\x1c\n\x14prefill_tokens_per_s\x18\r \x01(\x01\x12\x15\n\rdecode_step_s\x18\x0e \x01(\x01\x12\x0e\n\x06ttft_s\x18\x0f \x01(\x01\x12\x1d\n\x15running_lora_adapters\x18\x10 \x03(\t\x12\r\n\x05picks\x18\x11 \x01(\x04\"\xb0\x01\n\tPoolState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x11\n\tscheduler\x18\x03 \x01(\t\x12\x15\n\rlora_adapters\x18\x04 \x03(\t\x12$\n\x04pods\x18\x05 \x03(\x0b\x32\x16.igw.admin.v1.PodState\x12\x11\n\tsaturated\x18\x06 \x01(\x08\x12\x1e\n\x16\x61\x64mission_queue_length\x18\x07 \x01(\r\"\x12\n\x10ListPoolsRequest\"\xd5\x02\n\x11\x43oordinationState\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05peers\x18\x04 \x03(\t\x12\x17\n\x0fremote_inflight\x18\x05 \x01(\x04\x12\r\n\x05lag_s\x18\x06 \x01(\x01\x12\x10\n\x08\x62uffered\x18\x07 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x08 \x01(\x04\x12\x13\n\x0bsend_failed\x18\t \x01(\x04\x12\x12\n\nreconnects\x18\n \x01(\x04\x12\x12\n\nlast_error\x18\x0b \x01(\t\x12\x17\n\x0fsnapshot_loaded\x18\x0c \x01(\x08\x12\x15\n\rshare_scrapes\x18\r \x01(\x08\x12\x14\n\x0cscrape_owner\x18\x0e \x01(\r\x12\x15\n\rscrape_shared\x18\x0f \x01(\r\x12\x17\n\x0fscrape_fallback\x18\x10 \x01(\r\"r\n\x11ListPoolsResponse\x12&\n\x05pools\x18\x01 \x03(\x0b\x32\x17.igw.admin.v1.PoolState\x12\x35\n\x0c\x63oordination\x18\x02 \x01(\x0b\x32\x1f.igw.admin.v1.CoordinationState\"\x98\x01\n\x0e\x45xplainRequest\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0c\n\x04path\x18\x02 \x01(\t\x12:\n\x07headers\x18\x03 \x03(\x0b\x32).igw.admin.v1.ExplainRequest.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa6\x01\n\x08PodScore\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\x01\x12\x32\n\x06scores\x18\x03 \x03(\x0b\x32\".igw.admin.v1.PodScore.ScoresEntry\x12\x17\n\x0f\x66iltered_reason\x18\x04 \x01(\t\x1a-\n\x0bScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa2\x01\n\x0f\x45xplainResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x03 \x01(\t\x12\x0e\n\x06picked\x18\x04 \x03(\t\x12$\n\x04pods\x18\x05 \x03(\x0b\x32\x16.igw.admin.v1.PodScore\x12\x14\n\x0c\x65rror_status\x18\x06 \x01(\x05\x12\x15\n\rerror_message\x18\x07 \x01(\t\"?\n\x0fSetDrainRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x64rain\x18\x03 \x01(\x08\"#\n\x10SetDrainResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x32\xef\x01\n\x0cGatewayAdmin\x12L\n\tListPools\x12\x1e.igw.admin.v1.ListPoolsRequest\x1a\x1f.igw.admin.v1.ListPoolsResponse\x12\x46\n\x07\x45xplain\x12\x1c.igw.admin.v1.ExplainRequest\x1a\x1d.igw.admin.v1.ExplainResponse\x12I\n\x08SetDrain\x12\x1d.igw.admin.v1.SetDrainRequest\x1a\x1e.igw.admin.v1.SetDrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,23 +42,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPOOLSREQUEST']._serialized_start=597
   _globals['_LISTPOOLSREQUEST']._serialized_end=615
   _globals['_COORDINATIONSTATE']._serialized_start=618
-  _globals['_COORDINATIONSTATE']._serialized_end=866
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=868
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=982
-  _globals['_EXPLAINREQUEST']._serialized_start=985
-  _globals['_EXPLAINREQUEST']._serialized_end=1137
-  _globals['_EXPLAINREQUEST_HEADERSENTRY']._serialized_start=1091
-  _globals['_EXPLAINREQUEST_HEADERSENTRY']._serialized_end=1137
-  _globals['_PODSCORE']._serialized_start=1140
-  _globals['_PODSCORE']._serialized_end=1306
-  _globals['_PODSCORE_SCORESENTRY']._serialized_start=1261
-  _globals['_PODSCORE_SCORESENTRY']._serialized_end=1306
-  _globals['_EXPLAINRESPONSE']._serialized_start=1309
-  _globals['_EXPLAINRESPONSE']._serialized_end=1471
-  _globals['_SETDRAINREQUEST']._serialized_start=1473
-  _globals['_SETDRAINREQUEST']._serialized_end=1536
-  _globals['_SETDRAINRESPONSE']._serialized_start=1538
-  _globals['_SETDRAINRESPONSE']._serialized_end=1573
-  _globals['_GATEWAYADMIN']._serialized_start=1576
-  _globals['_GATEWAYADMIN']._serialized_end=1815
+  _globals['_COORDINATIONSTATE']._serialized_end=959
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=961
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=1075
+  _globals['_EXPLAINREQUEST']._serialized_start=1078
+  _globals['_EXPLAINREQUEST']._serialized_end=1230
+  _globals['_EXPLAINREQUEST_HEADERSENTRY']._serialized_start=1184
+  _globals['_EXPLAINREQUEST_HEADERSENTRY']._serialized_end=1230
+  _globals['_PODSCORE']._serialized_start=1233
+  _globals['_PODSCORE']._serialized_end=1399
+  _globals['_PODSCORE_SCORESENTRY']._serialized_start=1354
+  _globals['_PODSCORE_SCORESENTRY']._serialized_end=1399
+  _globals['_EXPLAINRESPONSE']._serialized_start=1402
+  _globals['_EXPLAINRESPONSE']._serialized_end=1564
+  _globals['_SETDRAINREQUEST']._serialized_start=1566
+  _globals['_SETDRAINREQUEST']._serialized_end=1629
+  _globals['_SETDRAINRESPONSE']._serialized_start=1631
+  _globals['_SETDRAINRESPONSE']._serialized_end=1666
+  _globals['_GATEWAYADMIN']._serialized_start=1669
+  _globals['_GATEWAYADMIN']._serialized_end=1908
 # @@protoc_insertion_point(module_scope)

@@ -2,7 +2,8 @@
 
 Redis is killed and restarted while requests flow through both: no request
 fails, both pickers count a reconnect and fold each other's traffic again
-afterwards; `igw status` shows the link.
+afterwards; `igw status` shows the link. The pods' scrapes are shared: each
+pod is scraped by one of the two, the other folds its results.
 """
 
 from __future__ import annotations
@@ -73,3 +74,17 @@ def test_redis_killed_and_restarted_under_load_fails_no_request(tmp_path):
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("coordination connected replica="), out.stdout
+        assert " scrapes=owner:" in out.stdout.splitlines()[0], out.stdout
+        # scrape sharing: between them the two own every pod once, and fold the rest
+        wait_for(lambda: all(int(_coordination(g).get("scrape_fallback", 0)) == 0
+                             for g in gws), 10, "no fallback scraping")
+        states = [_coordination(g) for g in gws]
+        assert sum(int(s.get("scrape_owner", 0)) for s in states) == len(PODS), states
+        assert all(int(s.get("scrape_owner", 0)) + int(s.get("scrape_shared", 0)) == len(PODS)
+                   for s in states), states
+        metrics = [picker_metrics(g.ports["metrics"]) for g in gws]
+        assert sum(m["igw_coordination_shared_scrapes_sent_total"] for m in metrics) > 0
+        assert sum(m['igw_coordination_shared_scrapes_received_total{result="used"}']
+                   for m in metrics) > 0
+        # while Redis was down, whoever did not own a pod scraped it itself
+        assert sum(m["igw_coordination_scrape_fallbacks_total"] for m in metrics) > 0

@@ -336,7 +336,7 @@ async def test_unexpected_error_costs_one_scrape_not_the_task(pods, collectors,
     (address,) = await start_pods(pods, [PodState(waiting=3)])
     ds = store(scheduler("a", [address]))
     pool = ds.pools["a"]
-    real = collector_module.write_snapshot
+    real = collector_module.write_outcome
     calls = {"n": 0}
 
     def flaky(*args: object, **kwargs: object) -> None:
@@ -345,7 +345,7 @@ async def test_unexpected_error_costs_one_scrape_not_the_task(pods, collectors,
             raise RuntimeError("boom")
         real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(collector_module, "write_snapshot", flaky)
+    monkeypatch.setattr(collector_module, "write_outcome", flaky)
     collector = collector_for(collectors, ds, max_backoff_s=0.05)
     await wait_until(lambda: ok(pool, address))
     stats = collector.counters.get("a", address)

@@ -14,16 +14,30 @@ Events as the request path buffers them (plain tuples, no allocation beyond):
   cached, prefix_hashes)`;
 - `(COMPLETE, request_id)`.
 Request ids are per replica (a counter); (replica, id) is unique.
+
+Shared scrape results (picker.coordination.scrapes) ride in the same entries:
+`k` in the metadata names the signals the entry's results carry, once, and
+each result in `r` is `[pod, ok, age_s, values aligned with k (null:
+absent), lora ([running, waiting, max_lora] or null), error]`, about 200 bytes
+for a vLLM page. `age_s` is the time since the scrape on the owner's
+monotonic clock when the entry was encoded; the receiver adds the entry's
+transit (its wall clocks) to judge staleness. An older reader ignores `k` and
+`r` (so dispatch sharing survives a rolling upgrade); this version refuses
+an entry whose results break any bound or type below (CodecError).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
+
+from picker.datalayer.engines import REQUIRED_SIGNALS, Signal
+from picker.datalayer.parser import LoraInfo, MetricsSnapshot
 
 DISPATCH = 0
 COMPLETE = 1
@@ -34,6 +48,15 @@ MAX_SHARED_BLOCKS = 512
 # A batch ends at whichever comes first; more events make more entries.
 MAX_BATCH_EVENTS = 256
 MAX_BATCH_HASH_BYTES = 64 * 1024
+# Shared scrape results per entry (more make more entries), and their bounds: a LoRA
+# list longer than a pool's adapter slots, or a name longer than this, is cut when
+# encoding; an error message is cut like the collector's.
+MAX_BATCH_SCRAPES = 128
+MAX_SHARED_ADAPTERS = 64
+MAX_ADAPTER_NAME = 256
+MAX_ERROR_CHARS = 200
+# A result older than this is refused (no pool's staleAfter comes near it).
+MAX_SCRAPE_AGE_S = 3600.0
 
 HASH_DTYPE = np.dtype("<u8")
 _NO_HASHES = np.empty(0, dtype=HASH_DTYPE)
@@ -58,6 +81,17 @@ class RemoteDispatch:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedScrape:
+    """One pod's scrape as its owner read it, for the replicas that did not scrape it."""
+
+    pool: str
+    address: str
+    age_s: float  # since the scrape, owner's monotonic clock, when its entry was encoded
+    snapshot: MetricsSnapshot | None  # None: the scrape failed
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
     """One decoded entry: what one replica routed during one flush interval."""
 
@@ -66,15 +100,18 @@ class Batch:
     dispatches: list[RemoteDispatch] = field(default_factory=list)
     completions: list[int] = field(default_factory=list)
     bye: bool = False
+    scrapes: list[SharedScrape] = field(default_factory=list)
 
 
 def encode_batches(
-    events: Sequence[Event], seq: int, sent_at: float, bye: bool = False
+    events: Sequence[Event], seq: int, sent_at: float, bye: bool = False,
+    scrapes: Sequence[SharedScrape] = (),
 ) -> list[dict[bytes, bytes]]:
-    """Stream entries for `events` (in order), split at the batch bounds; at least
-    one entry even when `events` is empty (that one is a heartbeat, or the bye)."""
+    """Stream entries for `events` (in order) and `scrapes`, split at the batch bounds;
+    at least one entry even when both are empty (that one is a heartbeat, or the bye)."""
     entries: list[dict[bytes, bytes]] = []
-    start = 0
+    start = shared = 0
+    scrapes = [s for s in scrapes if s.age_s <= MAX_SCRAPE_AGE_S]  # older ones are refused
     while True:
         end, hash_bytes = start, 0
         while end < len(events) and end - start < MAX_BATCH_EVENTS:
@@ -85,15 +122,19 @@ def encode_batches(
                     break
                 hash_bytes += size
             end += 1
-        last = end >= len(events)
-        entries.append(_encode_one(events[start:end], seq + len(entries), sent_at, bye and last))
+        chunk = scrapes[shared : shared + MAX_BATCH_SCRAPES]
+        shared += len(chunk)
+        last = end >= len(events) and shared >= len(scrapes)
+        entries.append(_encode_one(events[start:end], seq + len(entries), sent_at, bye and last,
+                                   chunk))
         if last:
             return entries
         start = end
 
 
 def _encode_one(
-    events: Sequence[Event], seq: int, sent_at: float, bye: bool
+    events: Sequence[Event], seq: int, sent_at: float, bye: bool,
+    scrapes: Sequence[SharedScrape] = (),
 ) -> dict[bytes, bytes]:
     pods: dict[tuple[str, str], int] = {}
     dispatches: list[list[Any]] = []
@@ -116,12 +157,49 @@ def _encode_one(
         "d": dispatches,
         "c": completions,
     }
+    if scrapes:
+        meta["k"], meta["r"] = _encode_scrapes(scrapes, pods)
+        meta["p"] = [list(k) for k in pods]
     entry = {b"m": orjson.dumps(meta)}
     if hashes:
         entry[b"h"] = np.concatenate(hashes).astype(HASH_DTYPE, copy=False).tobytes()
     if bye:
         entry[b"bye"] = b"1"
     return entry
+
+
+def _encode_scrapes(
+    scrapes: Sequence[SharedScrape], pods: dict[tuple[str, str], int]
+) -> tuple[list[str], list[list[Any]]]:
+    """(signal names, results) of an entry; pods are added to the entry's pod table."""
+    keys: dict[Signal, int] = {}
+    for s in scrapes:
+        if s.snapshot is not None:
+            for signal, value in s.snapshot.values.items():
+                if math.isfinite(value):
+                    keys.setdefault(signal, len(keys))
+    results: list[list[Any]] = []
+    for s in scrapes:
+        pod = pods.setdefault((s.pool, s.address), len(pods))
+        values: list[float | None] = [None] * len(keys)
+        lora: list[Any] | None = None
+        if s.snapshot is not None:
+            for signal, value in s.snapshot.values.items():
+                if math.isfinite(value):
+                    values[keys[signal]] = value
+            if s.snapshot.lora is not None:
+                lora = _encode_lora(s.snapshot.lora)
+        results.append([pod, s.snapshot is not None, round(max(s.age_s, 0.0), 4), values,
+                        lora, s.error[:MAX_ERROR_CHARS]])
+    return [signal.value for signal in keys], results
+
+
+def _encode_lora(lora: LoraInfo) -> list[Any]:
+    def names(adapters: tuple[str, ...]) -> list[str]:
+        return [a for a in adapters if len(a) <= MAX_ADAPTER_NAME][:MAX_SHARED_ADAPTERS]
+
+    max_lora = lora.max_lora if math.isfinite(lora.max_lora) else 0.0
+    return [names(lora.running), names(lora.waiting), max_lora]
 
 
 def decode_batch(fields: dict[bytes, bytes]) -> Batch:
@@ -148,9 +226,69 @@ def decode_batch(fields: dict[bytes, bytes]) -> Batch:
         if offset != len(all_hashes):
             raise CodecError("prefix hashes do not match the dispatches' block counts")
         completions = [int(c) for c in meta["c"]]
+        scrapes = _decode_scrapes(meta, pods)
         return Batch(float(meta["t"]), int(meta["s"]), dispatches, completions,
-                     fields.get(b"bye") == b"1")
+                     fields.get(b"bye") == b"1", scrapes)
     except CodecError:
         raise
     except (KeyError, ValueError, TypeError, IndexError) as exc:  # JSONDecodeError is a ValueError
         raise CodecError(f"not a batch: {type(exc).__name__}: {exc}") from None
+
+
+def _decode_scrapes(meta: dict[str, Any], pods: list[tuple[str, str]]) -> list[SharedScrape]:
+    """The entry's shared scrape results; CodecError on any broken bound or type."""
+    results = meta.get("r")
+    if results is None:
+        return []
+    if not isinstance(results, list) or len(results) > MAX_BATCH_SCRAPES:
+        raise CodecError(f"scrape results: a list of at most {MAX_BATCH_SCRAPES} expected")
+    keys = meta["k"]
+    if not isinstance(keys, list) or len(set(keys)) != len(keys):
+        raise CodecError("scrape signals: a list of distinct names expected")
+    signals = [Signal(k) for k in keys]  # ValueError on an unknown name
+    return [_decode_scrape(item, signals, pods) for item in results]
+
+
+def _decode_scrape(item: Any, signals: list[Signal], pods: list[tuple[str, str]]
+                   ) -> SharedScrape:
+    pod, ok, age, values, lora, error = item
+    if type(ok) is not bool or not isinstance(error, str) or len(error) > MAX_ERROR_CHARS:
+        raise CodecError("scrape result: ok must be a boolean, error a short string")
+    if not _number(age) or not 0.0 <= age <= MAX_SCRAPE_AGE_S:
+        raise CodecError(f"scrape result: age {age!r} out of range")
+    if not isinstance(values, list) or len(values) != len(signals):
+        raise CodecError("scrape result: values do not match the entry's signals")
+    if type(pod) is not int or not 0 <= pod < len(pods):
+        raise CodecError(f"scrape result: pod {pod!r} not in the entry's pod table")
+    pool, address = pods[pod]
+    if not ok:
+        if any(v is not None for v in values) or lora is not None:
+            raise CodecError("scrape result: a failed scrape carries no values")
+        return SharedScrape(pool, address, float(age), None, error)
+    present: dict[Signal, float] = {}
+    for signal, value in zip(signals, values, strict=True):
+        if value is None:
+            continue
+        if not _number(value) or not math.isfinite(value):
+            raise CodecError(f"scrape result: {signal.value} is not a finite number")
+        present[signal] = float(value)
+    if not present.keys() >= REQUIRED_SIGNALS:
+        raise CodecError("scrape result: a good scrape lacks a required signal")
+    snapshot = MetricsSnapshot(values=present, lora=None if lora is None else _decode_lora(lora))
+    return SharedScrape(pool, address, float(age), snapshot, error)
+
+
+def _decode_lora(lora: Any) -> LoraInfo:
+    running, waiting, max_lora = lora
+    for names in (running, waiting):
+        if not isinstance(names, list) or len(names) > MAX_SHARED_ADAPTERS or not all(
+            isinstance(n, str) and len(n) <= MAX_ADAPTER_NAME for n in names
+        ):
+            raise CodecError("scrape result: adapters must be a short list of short names")
+    if not _number(max_lora) or not math.isfinite(max_lora):
+        raise CodecError("scrape result: max_lora is not a finite number")
+    return LoraInfo(tuple(running), tuple(waiting), float(max_lora))
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float)

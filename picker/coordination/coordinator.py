@@ -13,6 +13,9 @@ Tasks, all off the request path:
   replica soon routes on its own requests only).
 While Redis is down the outbox keeps the newest `bufferSize` events; they are
 sent on reconnect (a completion late is still a completion).
+Given the collector and `shareScrapes`, the flushes also carry this replica's
+scrape results for the pods it owns, and the fold writes the others' into
+the rows (picker.coordination.scrapes).
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ from picker.coordination.codec import CodecError, decode_batch, encode_batches
 from picker.coordination.fold import Folder
 from picker.coordination.outbox import Outbox
 from picker.coordination.replicas import Replicas, default_replica_id
+from picker.coordination.scrapes import SharedScrapes
 
 if TYPE_CHECKING:
+    from picker.datalayer.collector import MetricsCollector
     from picker.director import Director
 
 log = logging.getLogger("picker.coordination")
@@ -64,13 +69,15 @@ class CoordinationStats:
     lag_s: float = math.nan  # age of the newest remote batch folded
     last_error: str = ""
     snapshot_loaded: bool = False
+    scrapes_sent: int = 0  # shared scrape results in batches sent
 
 
 class Coordinator:
     """Shares this replica's routing with the others and folds theirs in."""
 
     def __init__(
-        self, config: GatewayConfig, director: Director, replica: str | None = None
+        self, config: GatewayConfig, director: Director, replica: str | None = None,
+        collector: MetricsCollector | None = None,
     ) -> None:
         assert config.coordination is not None
         self.settings: CoordinationConfig = config.coordination
@@ -79,7 +86,12 @@ class Coordinator:
         self.stats = CoordinationStats()
         self.outbox = Outbox(self.settings.buffer_size)
         self.replicas = Replicas(self.replica, self.settings.replica_timeout_s)
-        self.folder = Folder(director, self.replicas)
+        # Scrape results shared with the others: needs the collector that scrapes.
+        self.scrapes = SharedScrapes(
+            self.replica, self.replicas, self.outbox, collector,
+            lambda: self.stats.connected, self.settings.flush_interval_s,
+        ) if collector is not None and self.settings.share_scrapes else None
+        self.folder = Folder(director, self.replicas, self.scrapes)
         self.bus = Bus(self.settings, config.coordination_prefix, self.replica,
                        block_s=self.settings.heartbeat_interval_s)
         self.positions: dict[str, bytes] = {}
@@ -92,6 +104,8 @@ class Coordinator:
     def start(self) -> None:
         """Start sharing: the director records into the outbox from now on."""
         self.director.outbox = self.outbox
+        if self.scrapes is not None:
+            self.scrapes.attach()
         self._tasks = [
             asyncio.create_task(self._run(), name="igw-coordination-link"),
             asyncio.create_task(self._sweep(), name="igw-coordination-sweep"),
@@ -102,6 +116,8 @@ class Coordinator:
         """Send what is buffered and a bye (bounded), then close. Call after draining:
         the completions of the drained requests are in that last flush."""
         self.director.outbox = None
+        if self.scrapes is not None:  # no one shares with this replica any more
+            self.scrapes.detach()
         await cancel_and_wait(self._tasks, TASKS_END_TIMEOUT_S)
         self._tasks = []
         if self.stats.connected:
@@ -177,10 +193,11 @@ class Coordinator:
 
     async def _flush(self, *, beat: bool = False, bye: bool = False) -> None:
         events = self.outbox.take()
-        if not events and not beat and not bye:
+        scrapes = self.outbox.take_scrapes(time.monotonic())
+        if not events and not scrapes and not beat and not bye:
             return
         wall = time.time()
-        entries = encode_batches(events, self._seq, wall, bye=bye)
+        entries = encode_batches(events, self._seq, wall, bye=bye, scrapes=scrapes)
         try:
             await self.bus.publish(entries, heartbeat_at=wall if beat else None)
         except BusError:
@@ -189,6 +206,7 @@ class Coordinator:
         self._seq += len(entries)
         self.stats.batches_sent += len(entries)
         self.stats.events_sent += len(events)
+        self.stats.scrapes_sent += len(scrapes)
 
     async def _read_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -257,7 +275,15 @@ class Coordinator:
             "reconnects": s.reconnects,
             "last_error": s.last_error,
             "snapshot_loaded": s.snapshot_loaded,
+            **self._scrape_status(),
         }
+
+    def _scrape_status(self) -> dict[str, Any]:
+        """Pods this replica scrapes as their owner, receives, or scrapes as a fallback."""
+        if self.scrapes is None:
+            return {"share_scrapes": False}
+        roles = self.scrapes.roles()
+        return {"share_scrapes": True, **{f"scrape_{role}": n for role, n in roles.items()}}
 
 
 async def _first_failure(*coros: Coroutine[Any, Any, None]) -> None:

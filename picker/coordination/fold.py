@@ -9,14 +9,20 @@ pod is found by pool name and address through the pool's O(1) map; a pod this
 replica does not know (discovery not caught up, or a different config) is
 skipped and counted. Times are this replica's: a dispatch counts from when it
 was folded, so a completion's duration is measured on one clock.
+
+A shared scrape result (the batch's `scrapes`) goes to picker.coordination.scrapes,
+which writes it into the pod's row through the collector's own path; without
+scrape sharing here (`shareScrapes: false`) they are ignored: this replica
+scrapes every pod itself.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from picker.coordination.codec import Batch
+from picker.coordination.codec import Batch, SharedScrape
 from picker.coordination.replicas import Outstanding, Replicas
+from picker.coordination.scrapes import SharedScrapes
 from picker.scheduling.request import SchedulingRequest
 
 if TYPE_CHECKING:
@@ -26,10 +32,12 @@ if TYPE_CHECKING:
 class Folder:
     """Folds decoded batches into the director's schedulers."""
 
-    def __init__(self, director: Director, replicas: Replicas) -> None:
+    def __init__(self, director: Director, replicas: Replicas,
+                 scrapes: SharedScrapes | None = None) -> None:
         self.director = director
         self.replicas = replicas
-        self.unresolved = 0  # dispatches naming a pool or pod unknown here
+        self.scrapes = scrapes
+        self.unresolved = 0  # dispatches and scrape results naming a pool or pod unknown here
         self.events = 0
 
     def fold(self, replica: str, batch: Batch, now: float, age_s: float) -> None:
@@ -59,5 +67,18 @@ class Folder:
         for request_id in batch.completions:
             replicas.complete(peer, request_id, now)
         self.events += len(batch.dispatches) + len(batch.completions)
+        if batch.scrapes and self.scrapes is not None:
+            self._fold_scrapes(self.scrapes, batch.scrapes, now, age_s)
         if batch.bye:
             replicas.leave(replica, now)
+
+    def _fold_scrapes(self, scrapes: SharedScrapes, results: list[SharedScrape], now: float,
+                      age_s: float) -> None:
+        pools = self.director.datastore.pools
+        for result in results:
+            pool = pools.get(result.pool)
+            pod = pool.pods.get(result.address) if pool is not None else None
+            if pod is None:
+                self.unresolved += 1
+                continue
+            scrapes.received(pool, pod, result, now, age_s)

@@ -7,6 +7,11 @@ down long enough) the oldest event is dropped and counted: an old dispatch
 dropped first means the other replicas never count it, which is the safe
 side (its completion, if it arrives, is ignored as unknown); a completion
 dropped is covered by the other replicas' ageing (picker.coordination.replicas).
+
+The collector's scrape results to share (picker.coordination.scrapes) wait here
+too, apart from the events: only the newest per pod is kept (a newer scrape
+makes an unsent one worthless), so they are bounded by the pods and never
+push a dispatch or completion out of the buffer.
 """
 
 from __future__ import annotations
@@ -14,24 +19,30 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from picker.coordination.codec import COMPLETE, DISPATCH, Event
+from picker.coordination.codec import COMPLETE, DISPATCH, Event, SharedScrape
+from picker.datalayer.parser import MetricsSnapshot
 from picker.scheduling.request import SchedulingRequest
+
+# A pending scrape: (monotonic time of the scrape, snapshot or None when it failed, error).
+_Pending = tuple[float, MetricsSnapshot | None, str]
 
 
 class Outbox:
     """Events waiting for the next flush; bounded, drop-oldest."""
 
-    __slots__ = ("_events", "_next_id", "dropped", "ready")
+    __slots__ = ("_events", "_next_id", "_scrapes", "dropped", "ready")
 
     def __init__(self, size: int) -> None:
         self._events: deque[Event] = deque(maxlen=size)
+        self._scrapes: dict[tuple[str, str], _Pending] = {}
         self._next_id = 0
         self.dropped = 0
         # Set by the first event after a flush: wakes the flusher (see Coordinator).
         self.ready = asyncio.Event()
 
     def __len__(self) -> int:
-        return len(self._events)
+        """Events and scrape results waiting for the next flush."""
+        return len(self._events) + len(self._scrapes)
 
     def dispatched(
         self, pool: str, address: str, req: SchedulingRequest, cached: float
@@ -52,6 +63,20 @@ class Outbox:
         events.append(event)
         if not self.ready.is_set():
             self.ready.set()
+
+    def scraped(self, pool: str, address: str, at: float, snapshot: MetricsSnapshot | None,
+                error: str) -> None:
+        """A scrape to share (taken at monotonic `at`); replaces the pod's unsent one."""
+        self._scrapes[(pool, address)] = (at, snapshot, error)
+        if not self.ready.is_set():
+            self.ready.set()
+
+    def take_scrapes(self, now: float) -> list[SharedScrape]:
+        """The scrape results to share, aged at monotonic `now`, and emptied (flusher only)."""
+        out = [SharedScrape(pool, address, max(0.0, now - at), snapshot, error)
+               for (pool, address), (at, snapshot, error) in self._scrapes.items()]
+        self._scrapes.clear()
+        return out
 
     def take(self) -> list[Event]:
         """Everything buffered, oldest first, and the buffer emptied (flusher only)."""

@@ -13,6 +13,12 @@ a capped backoff so a dead fleet does not turn into a connection storm.
 
 Pools whose config says `metrics.source: prometheus` are handed to
 `PrometheusPoolSource`, which writes the same columns from PromQL answers.
+
+With `sharing` set (coordinated gateway replicas, picker.coordination.scrapes)
+each pod task asks it before every scrape whether this replica should scrape
+the pod at all (another replica may be scraping it and sharing the numbers),
+and tells it every outcome; the shared results come in through
+`apply_shared`, which writes a row exactly as a local scrape does.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 
 from contract.config import MetricsConfig
 from picker.cancellation import cancel_and_wait
-from picker.datalayer.columns import write_snapshot
+from picker.datalayer.columns import write_outcome
 from picker.datalayer.engines import profile_for
 from picker.datalayer.parser import MetricsParseError, MetricsSnapshot, parser_for
 from picker.datalayer.prometheus_source import PrometheusPoolSource, PrometheusSourceOptions
@@ -59,9 +66,29 @@ class CollectorOptions:
     prometheus: PrometheusSourceOptions = field(default_factory=PrometheusSourceOptions)
 
 
-def next_delay(metrics: MetricsConfig, failures: int, options: CollectorOptions,
-               rand: random.Random) -> float:
-    """Sleep before the next scrape: the interval with jitter, doubled per failure, capped.
+class ScrapeSharing(Protocol):
+    """Who scrapes which pod when gateway replicas share scrape results.
+
+    Asked before every scrape, told after every one; implemented by
+    picker.coordination.scrapes (the data layer knows nothing of replicas).
+    """
+
+    def should_scrape(self, pool: Pool, pod: Pod, now: float) -> bool:
+        """False while another replica's fresh results keep the pod's row."""
+        ...
+
+    def scraped(self, pool: Pool, pod: Pod, snapshot: MetricsSnapshot | None, error: str,
+                now: float) -> None:
+        """This replica scraped `pod` at monotonic `now` (snapshot None: it failed)."""
+        ...
+
+    def forget(self, pool: str, address: str) -> None:
+        """The pod left: drop what is kept about it."""
+        ...
+
+
+def backoff_delay(metrics: MetricsConfig, failures: int, options: CollectorOptions) -> float:
+    """The time between two scrapes before jitter: the interval, doubled per failure, capped.
 
     The cap is `max_backoff_s` or half the pool's stale window, whichever is
     shorter (never below the interval): a pod that comes back is seen again
@@ -72,6 +99,13 @@ def next_delay(metrics: MetricsConfig, failures: int, options: CollectorOptions,
         cap = min(options.max_backoff_s, max(base, metrics.stale_after_s / 2))
         backed_off = base * 2 ** min(failures, MAX_BACKOFF_EXPONENT)
         base = max(base, min(backed_off, cap))
+    return base
+
+
+def next_delay(metrics: MetricsConfig, failures: int, options: CollectorOptions,
+               rand: random.Random) -> float:
+    """Sleep before the next scrape: `backoff_delay` with ± `jitter`."""
+    base = backoff_delay(metrics, failures, options)
     return max(0.0, base * (1.0 + rand.uniform(-options.jitter, options.jitter)))
 
 
@@ -110,6 +144,8 @@ class MetricsCollector:
         self._pods: dict[tuple[int, str], _PodTask] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self._rand = random.Random()
+        # Set while coordinated replicas share scrape results (None: scrape every pod).
+        self.sharing: ScrapeSharing | None = None
 
     # lifecycle ---------------------------------------------------------------
 
@@ -202,6 +238,8 @@ class MetricsCollector:
         if entry is not None:
             entry.task.cancel()
             self.counters.forget(entry.pool.name, address)
+            if self.sharing is not None:
+                self.sharing.forget(entry.pool.name, address)
 
     def _stop_pod_tasks(self, key: int) -> None:
         for pool_key, address in [k for k in self._pods if k[0] == key]:
@@ -234,14 +272,29 @@ class MetricsCollector:
         await asyncio.sleep(self._rand.uniform(0.0, spread))
         failures = 0
         while True:
-            try:
-                ok = await self.scrape_once(pool, pod)
-            except Exception as exc:  # a bug must cost one scrape, not the pod's task
-                log.exception("metrics collector: scrape of %s failed", pod.address)
-                ok = self._record_crash(pool, pod, exc)
-            failures = 0 if ok else failures + 1
+            if self._wants_scrape(pool, pod):
+                try:
+                    ok = await self.scrape_once(pool, pod)
+                except Exception as exc:  # a bug must cost one scrape, not the pod's task
+                    log.exception("metrics collector: scrape of %s failed", pod.address)
+                    ok = self._record_crash(pool, pod, exc)
+                failures = 0 if ok else failures + 1
+            else:  # another replica's shared results keep the row; ours restart afresh
+                failures = 0
             await asyncio.sleep(next_delay(pool.config.metrics, failures, self.options,
                                            self._rand))
+
+    def _wants_scrape(self, pool: Pool, pod: Pod) -> bool:
+        """Scrape now unless sharing says another replica's fresh results cover the pod;
+        a bug there scrapes (routing must never go blind)."""
+        sharing = self.sharing
+        if sharing is None:
+            return True
+        try:
+            return sharing.should_scrape(pool, pod, time.monotonic())
+        except Exception:
+            log.exception("metrics collector: scrape sharing failed for %s", pod.address)
+            return True
 
     async def scrape_once(self, pool: Pool, pod: Pod) -> bool:
         """One scrape of one pod, written into its row; True if it was good."""
@@ -259,12 +312,19 @@ class MetricsCollector:
         duration = time.perf_counter() - started
         if pool.pods.get(pod.address) is not pod:
             return False  # the pod left (and its row may be reused) while we waited
-        if snapshot is None:
-            pool.mark_scrape(pod.row, False)
-        else:
-            write_snapshot(pool, pod.row, snapshot, self.learner, time.monotonic())
+        now = time.monotonic()
+        write_outcome(pool, pod.row, snapshot, self.learner, now)
         self.counters.record(pool.name, pod.address, snapshot is not None, duration, error)
+        if self.sharing is not None:
+            self.sharing.scraped(pool, pod, snapshot, error, now)
         return snapshot is not None
+
+    def apply_shared(self, pool: Pool, pod: Pod, snapshot: MetricsSnapshot | None,
+                     at: float) -> None:
+        """Another replica's scrape of `pod`, taken at local monotonic time `at`: written
+        exactly as this replica's own scrape would be (`counters`, behind
+        igw_pod_scrapes_total, count only this replica's own scrapes)."""
+        write_outcome(pool, pod.row, snapshot, self.learner, at)
 
     def _record_crash(self, pool: Pool, pod: Pod, exc: Exception) -> bool:
         if pool.pods.get(pod.address) is pod:
@@ -318,6 +378,8 @@ __all__ = [
     "CollectorOptions",
     "MetricsCollector",
     "ScrapeError",
+    "ScrapeSharing",
+    "backoff_delay",
     "make_session",
     "next_delay",
 ]

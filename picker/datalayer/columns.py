@@ -49,6 +49,18 @@ def write_snapshot(pool: Pool, row: int, snapshot: MetricsSnapshot, learner: Spe
     pool.mark_scrape(row, True, now=now)
 
 
+def write_outcome(pool: Pool, row: int, snapshot: MetricsSnapshot | None, learner: SpeedLearner,
+                  now: float) -> None:
+    """One scrape's outcome at monotonic time `now`: a good one (`snapshot`) fills the row,
+    a failed one (None) marks it not ok and keeps its last numbers. The one path for a
+    local scrape and for another replica's shared result (picker.coordination.scrapes),
+    so a row fed by either is filled the same way."""
+    if snapshot is None:
+        pool.mark_scrape(row, False)
+    else:
+        write_snapshot(pool, row, snapshot, learner, now)
+
+
 def _write_lora(pool: Pool, row: int, snapshot: MetricsSnapshot) -> None:
     """Adapters the pool knows (config `loraAdapters`) get their slot's bit set.
 
