@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1,
                    help="with --replicas: alternated repeats of every configuration")
     p.add_argument("--scrape-load", type=float, default=None, metavar="SECONDS",
-                   help="with --replicas: measure the pods' scrape load at each N instead")
+                   help="with --replicas: measure the pods' scrape load at each N instead, "
+                        "uncoordinated then coordinated sharing scrape results "
+                        "(--no-coordination: uncoordinated only)")
     p.add_argument("--family", type=int, default=None, metavar="N",
                    help="the gateway's twin (bench/twin.py) against the replay's yardsticks on "
                         "N scenarios of the seeded family (bench/family.py) of --seed; results "
@@ -216,7 +218,9 @@ def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         work = args.work or Path(tmp)
         if args.scrape_load:
             pods = SCENARIOS[args.scenario if args.scenario != "all" else "mixed"].plan(0).pods
-            load = scrape_load(work, pods, counts, args.scrape_load, tls_material(work))
+            # uncoordinated (every replica scrapes every pod), then sharing scrape results
+            modes = (False,) if args.no_coordination else (False, True)
+            load = scrape_load(work, pods, counts, args.scrape_load, tls_material(work), modes)
             doc = json.loads(table.read_text()) if table.exists() else {}
             doc["scrape_load"] = {**load, "command": command}
             table.write_text(json.dumps(doc, indent=1))

@@ -18,7 +18,9 @@ keep-alive pool: with one pool, its reused connections would pin most requests t
 replica got the first connection. `diagnostics` reports each replica's share of the
 measured run's connections and requests (from each replica's Envoy stats).
 
-`scrape_load` measures what every replica scraping every pod costs the pods.
+`scrape_load` measures what scraping costs the pods at each N: uncoordinated replicas
+each scrape every pod, coordinated ones share scrape results (each pod scraped by its
+owner among the live replicas, picker/coordination/scrapes.py).
 """
 
 from __future__ import annotations
@@ -236,10 +238,23 @@ class ReplicatedGateway(Router):
 # ----- pod-side scrape load --------------------------------------------------------------
 
 
-def scrape_totals(metrics_port: int) -> dict[str, float]:
-    """The picker's `igw_pod_scrapes_total` per pod (all outcomes)."""
+# Scrape sharing's counters (picker/gateway_metrics.py), summed over the replicas.
+SHARING_COUNTERS = {
+    "shared_used": 'igw_coordination_shared_scrapes_received_total{result="used"}',
+    "fallbacks": "igw_coordination_scrape_fallbacks_total",
+}
+FALLBACK_PODS = 'igw_coordination_scrape_pods{role="fallback"}'
+SETTLE_TIMEOUT_S = 20.0
+
+
+def picker_metrics_text(metrics_port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
+        return resp.read().decode()
+
+
+def scrape_totals(text: str) -> dict[str, float]:
+    """The picker's own scrapes per pod (`igw_pod_scrapes_total`, all outcomes): with
+    shared scrape results, only the pods this replica scraped itself."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("igw_pod_scrapes_total{"):
@@ -247,6 +262,32 @@ def scrape_totals(metrics_port: int) -> dict[str, float]:
             pod = labels.split('pod="', 1)[1].split('"', 1)[0]
             out[pod] = out.get(pod, 0.0) + float(value)
     return out
+
+
+def metric_values(text: str, names: dict[str, str]) -> dict[str, float]:
+    """{key: value} of the exact series `names` gives (0 when absent: not coordinated)."""
+    wanted = {series: key for key, series in names.items()}
+    out = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series in wanted:
+            out[wanted[series]] = float(value)
+    return out
+
+
+def wait_settled(router: ReplicatedGateway) -> float:
+    """Seconds until no coordinated replica scrapes a pod as a fallback (each has heard
+    the others and their results arrive); bounded."""
+    ports = [c["spec"]["ports"]["metrics"] for c in router.configs]
+    started = time.monotonic()
+    while True:
+        pods = [metric_values(picker_metrics_text(p), {"f": FALLBACK_PODS})["f"] for p in ports]
+        if not any(pods):
+            return time.monotonic() - started
+        if time.monotonic() - started > SETTLE_TIMEOUT_S:
+            raise RuntimeError(f"scrape sharing not settled in {SETTLE_TIMEOUT_S:g} s: "
+                               f"fallback pods per replica {pods}")
+        time.sleep(0.2)
 
 
 def measure_scrapes(fleet: SimFleet, router: ReplicatedGateway | None, seconds: float
@@ -257,8 +298,8 @@ def measure_scrapes(fleet: SimFleet, router: ReplicatedGateway | None, seconds: 
     pids = router.pids() if router else {}
     pickers = {k: v for k, v in pids.items() if k.startswith("picker")}
 
-    def read() -> tuple[list[dict[str, float]], float, dict[str, float]]:
-        return ([scrape_totals(p) for p in ports], cpu_seconds(fleet.pid) or 0.0,
+    def read() -> tuple[list[str], float, dict[str, float]]:
+        return ([picker_metrics_text(p) for p in ports], cpu_seconds(fleet.pid) or 0.0,
                 {k: cpu_seconds(v) or 0.0 for k, v in pickers.items()})
 
     before, sim0, pick0 = read()
@@ -267,18 +308,27 @@ def measure_scrapes(fleet: SimFleet, router: ReplicatedGateway | None, seconds: 
     after, sim1, pick1 = read()
     elapsed = time.monotonic() - t0
     per_pod: dict[str, float] = {}
-    for b, a in zip(before, after, strict=True):
+    sharing = dict.fromkeys(SHARING_COUNTERS, 0.0)
+    for b_text, a_text in zip(before, after, strict=True):
+        b, a = scrape_totals(b_text), scrape_totals(a_text)
         for pod, value in a.items():
             per_pod[pod] = per_pod.get(pod, 0.0) + (value - b.get(pod, 0.0)) / elapsed
+        b_share = metric_values(b_text, SHARING_COUNTERS)
+        for key, value in metric_values(a_text, SHARING_COUNTERS).items():
+            sharing[key] += (value - b_share[key]) / elapsed
     return {"seconds": round(elapsed, 2), "scrapes_per_s_per_pod": per_pod,
+            "sharing_per_s": sharing,
             "simulator_core_share": (sim1 - sim0) / elapsed,
             "picker_core_share": {k: (pick1[k] - pick0[k]) / elapsed for k in pick0}}
 
 
 def scrape_load(work: Path, pods: list[dict[str, Any]], counts: list[int], seconds: float,
-                tls: TlsMaterial) -> dict[str, Any]:
-    """Pod-side cost of N replicas each scraping every pod every 50 ms (time_scale 1, as
-    deployed), N in `counts`, on one simulated fleet without traffic; the simulator's CPU
+                tls: TlsMaterial, coordination: tuple[bool, ...] = (False, True)
+                ) -> dict[str, Any]:
+    """Pod-side cost of scraping every pod every 50 ms (time_scale 1, as deployed) with N
+    replicas, N in `counts`, on one simulated fleet without traffic: uncoordinated (every
+    replica scrapes every pod; `runs`) and coordinated with shared scrape results
+    (`shared_runs`, measured once no pod is scraped as a fallback); the simulator's CPU
     over an idle baseline, per scrape."""
     fleet = SimFleet.start(work / "fleet", pods, seed=0, time_scale=1.0)
     out: dict[str, Any] = {"pods": len(pods), "seconds": seconds, "runs": {},
@@ -286,25 +336,41 @@ def scrape_load(work: Path, pods: list[dict[str, Any]], counts: list[int], secon
     try:
         idle = measure_scrapes(fleet, None, seconds)
         out["idle_simulator_core_share"] = round(idle["simulator_core_share"], 4)
-        for n in counts:
-            router = ReplicatedGateway(replica_spec(n, coordinated=False))
-            try:
-                router.start(work / f"scrape-x{n}", fleet, tls, 1.0)
-                time.sleep(1.0)  # past the first scrapes
-                run = measure_scrapes(fleet, router, seconds)
-            finally:
-                router.stop()
-            total = sum(run["scrapes_per_s_per_pod"].values())
-            extra = run["simulator_core_share"] - idle["simulator_core_share"]
-            out["runs"][n] = {
-                "scrapes_per_s_per_pod": round(total / max(len(pods), 1), 1),
-                "simulator_core_share": round(run["simulator_core_share"], 4),
-                "simulator_us_per_scrape": round(1e6 * extra / total, 1) if total else None,
-                "picker_core_share_each": [round(v, 4) for v in
-                                           run["picker_core_share"].values()],
-            }
+        for coordinated in coordination:
+            key = "shared_runs" if coordinated else "runs"
+            for n in counts:
+                out.setdefault(key, {})[n] = _scrape_run(work, fleet, tls, n, coordinated,
+                                                         seconds, idle, len(pods))
     finally:
         fleet.stop()
+    return out
+
+
+def _scrape_run(work: Path, fleet: SimFleet, tls: TlsMaterial, n: int, coordinated: bool,
+                seconds: float, idle: dict[str, Any], pods: int) -> dict[str, Any]:
+    """One N: start the replicas, let the first scrapes (and sharing) settle, measure."""
+    router = ReplicatedGateway(replica_spec(n, coordinated=coordinated))
+    suffix = "-shared" if coordinated else ""
+    try:
+        router.start(work / f"scrape-x{n}{suffix}", fleet, tls, 1.0)
+        time.sleep(1.0)  # past the first scrapes
+        settle = wait_settled(router) if coordinated else 0.0
+        run = measure_scrapes(fleet, router, seconds)
+    finally:
+        router.stop()
+    total = sum(run["scrapes_per_s_per_pod"].values())
+    extra = run["simulator_core_share"] - idle["simulator_core_share"]
+    out = {
+        "scrapes_per_s_per_pod": round(total / max(pods, 1), 1),
+        "simulator_core_share": round(run["simulator_core_share"], 4),
+        "simulator_us_per_scrape": round(1e6 * extra / total, 1) if total else None,
+        "picker_core_share_each": [round(v, 4) for v in run["picker_core_share"].values()],
+    }
+    if coordinated:
+        share = run["sharing_per_s"]
+        out |= {"settle_s": round(settle, 1),
+                "shared_used_per_s_per_pod": round(share["shared_used"] / max(pods, 1), 1),
+                "fallbacks_per_s": round(share["fallbacks"], 1)}
     return out
 
 
@@ -417,30 +483,39 @@ def replica_table(doc: dict[str, Any], counts: tuple[int, ...] = (1, 2, 4)) -> l
 
 
 def scrape_table(load: dict[str, Any]) -> list[str]:
-    """The pod-side scrape load at each N (from `scrape_load`)."""
-    lines = [
-        f"{load['pods']} simulated pods, no traffic, {load['seconds']:g} s per N, every replica "
-        "scraping every pod every 50 ms; simulator idle (no gateway) "
-        f"{100 * load['idle_simulator_core_share']:.1f} % of a core.",
-        "",
-        "| replicas | scrapes/s per pod | simulator CPU (all pods) | simulator CPU per scrape "
-        "| each picker's CPU |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for n, run in load["runs"].items():
-        per = run["simulator_us_per_scrape"]
-        pickers = ", ".join(f"{100 * v:.1f} %" for v in run["picker_core_share_each"])
-        lines.append(f"| {n} | {run['scrapes_per_s_per_pod']:.1f} "
-                     f"| {100 * run['simulator_core_share']:.1f} % "
-                     f"| {'n/a' if per is None else f'{per:.0f} µs'} | {pickers} |")
+    """The pod-side scrape load at each N (from `scrape_load`): uncoordinated replicas,
+    then coordinated ones sharing scrape results when measured."""
     page = load["vllm_page"]
-    lines += ["", f"A real vLLM renders its page with prometheus_client: a vLLM-V1-shaped "
-              f"registry ({page['lines']} lines, {page['bytes'] / 1000:.0f} kB) costs "
-              f"{page['us_per_scrape'] / 1000:.1f} ms of CPU per render here, i.e. "
-              + ", ".join(f"{100 * run['scrapes_per_s_per_pod'] * page['us_per_scrape'] / 1e6:.0f}"
-                          f" % of a core at N = {n}" for n, run in load["runs"].items())
-              + " on each pod's API-server process."]
+    lines = [
+        f"{load['pods']} simulated pods, no traffic, {load['seconds']:g} s per N, scrapes "
+        "every 50 ms; simulator idle (no gateway) "
+        f"{100 * load['idle_simulator_core_share']:.1f} % of a core. A real vLLM renders its "
+        f"page with prometheus_client: a vLLM-V1-shaped registry ({page['lines']} lines, "
+        f"{page['bytes'] / 1000:.0f} kB) costs {page['us_per_scrape'] / 1000:.1f} ms of CPU "
+        "per render here (last column: that at the measured rate, on each pod's API-server "
+        "process).",
+        "",
+        "| replicas | scrapes/s per pod | shared results folded/s per pod (fallback scrapes/s) "
+        "| simulator CPU (all pods) | simulator CPU per scrape | each picker's CPU "
+        "| vLLM-shaped render, per pod |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [_scrape_row(f"{n}, not coordinated", run, page) for n, run in load["runs"].items()]
+    lines += [_scrape_row(f"{n}, coordinated, shared", run, page)
+              for n, run in load.get("shared_runs", {}).items()]
     return lines
+
+
+def _scrape_row(label: str, run: dict[str, Any], page: dict[str, float]) -> str:
+    per = run["simulator_us_per_scrape"]
+    pickers = ", ".join(f"{100 * v:.1f} %" for v in run["picker_core_share_each"])
+    render = 100 * run["scrapes_per_s_per_pod"] * page["us_per_scrape"] / 1e6
+    shared = ("n/a" if "shared_used_per_s_per_pod" not in run else
+              f"{run['shared_used_per_s_per_pod']:.1f} ({run['fallbacks_per_s']:.1f})")
+    return (f"| {label} | {run['scrapes_per_s_per_pod']:.1f} | {shared} "
+            f"| {100 * run['simulator_core_share']:.1f} % "
+            f"| {'n/a' if per is None else f'{per:.0f} µs'} | {pickers} "
+            f"| {render:.0f} % of a core |")
 
 
 def render_markdown(doc: dict[str, Any]) -> str:

@@ -13,7 +13,15 @@ import pytest
 
 from bench.fleet import SimFleet
 from bench.loadgen import LoadGenerator
-from bench.replicas import ReplicatedGateway, coordination_missing, replica_spec
+from bench.replicas import (
+    SHARING_COUNTERS,
+    ReplicatedGateway,
+    coordination_missing,
+    metric_values,
+    replica_spec,
+    scrape_table,
+    scrape_totals,
+)
 from bench.runner import tls_material
 from bench.scenarios import SCENARIOS
 
@@ -61,3 +69,30 @@ def test_two_uncoordinated_replicas_share_connections(tmp_path):
                     reason=f"coordinated replicas: {coordination_missing()}")
 def test_two_coordinated_replicas_with_redis(tmp_path):
     _both_replicas_used(_serve_a_few(tmp_path, coordinated=True))
+
+
+def test_scrape_load_reads_own_scrapes_and_sharing_and_tabulates_both():
+    text = "\n".join([
+        '# HELP igw_pod_scrapes_total x',
+        'igw_pod_scrapes_total{outcome="ok",pod="p0",pool="a"} 40.0',
+        'igw_pod_scrapes_total{outcome="failed",pod="p0",pool="a"} 2.0',
+        'igw_coordination_shared_scrapes_received_total{result="used"} 17.0',
+        'igw_coordination_shared_scrapes_received_total{result="ignored"} 3.0',
+        'igw_coordination_scrape_fallbacks_total 1.0',
+    ])
+    assert scrape_totals(text) == {"p0": 42.0}
+    assert metric_values(text, SHARING_COUNTERS) == {"shared_used": 17.0, "fallbacks": 1.0}
+    assert metric_values("", SHARING_COUNTERS) == {"shared_used": 0.0, "fallbacks": 0.0}
+    run = {"scrapes_per_s_per_pod": 19.5, "simulator_core_share": 0.08,
+           "simulator_us_per_scrape": 400.0, "picker_core_share_each": [0.1, 0.12]}
+    load = {"pods": 10, "seconds": 8, "idle_simulator_core_share": 0.0,
+            "vllm_page": {"us_per_scrape": 2500.0, "lines": 427, "bytes": 35018},
+            "runs": {"2": {**run, "scrapes_per_s_per_pod": 39.0}},
+            "shared_runs": {"2": {**run, "shared_used_per_s_per_pod": 19.5,
+                                  "fallbacks_per_s": 0.0}}}
+    rows = [line for line in scrape_table(load) if line.startswith("| 2")]
+    assert rows == [
+        "| 2, not coordinated | 39.0 | n/a | 8.0 % | 400 µs | 10.0 %, 12.0 % | 10 % of a core |",
+        "| 2, coordinated, shared | 19.5 | 19.5 (0.0) | 8.0 % | 400 µs | 10.0 %, 12.0 % "
+        "| 5 % of a core |",
+    ]
