@@ -40,6 +40,7 @@ from picker.coordination.scrapes import (
     FRESH_GAPS,
     MEMBERS_REFRESH_S,
     OWNER,
+    PRUNE_SLACK,
     SHARED,
     Ownership,
     owner,
@@ -393,6 +394,23 @@ def test_a_non_owner_skips_only_while_the_owners_results_are_fresh():
     replicas.heard("a", later, 0.0)  # back: the pod is its again
     sharing.should_scrape(pool, pod, later + 2 * MEMBERS_REFRESH_S)
     assert sharing.roles()[OWNER] == 0
+
+
+def test_the_per_pod_table_stays_bounded_when_pods_come_and_go_unscraped():
+    """A pod that leaves before its scrape task started is never forgotten by the
+    collector; results received for it meanwhile must not pile up."""
+    replica = Scraper.make(scrape_config(["10.0.0.1:8000"]), "b")
+    pool, sharing = replica.pool, replica.sharing
+    now = time.monotonic()
+    replica.coordinator.replicas.heard("a", now, 0.0)
+    theirs = [x for x in (f"10.1.{i // 250}.{i % 250}:8000" for i in range(8 * PRUNE_SLACK))
+              if owner(x, ["a", replica.name]) == "a"][: 3 * PRUNE_SLACK]
+    for address in theirs:
+        pod = pool.add_pod(address)
+        sharing.received(pool, pod, SharedScrape(POOL, address, 0.0, snapshot()), now, 0.0)
+        pool.remove_pod(address)
+    assert sharing.stats.used == 3 * PRUNE_SLACK  # every one written: the table grew...
+    assert len(sharing._pods) <= PRUNE_SLACK + 1  # ...and was pruned of the departed
 
 
 # -- two replicas, real pods, real Redis -------------------------------------------------------

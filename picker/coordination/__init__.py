@@ -14,6 +14,7 @@ Modules, one concept each:
 - bus: the Redis connection (streams, registry, snapshot key), every call bounded;
 - replicas: identity, liveness, the other replicas' outstanding requests;
 - fold: applying another replica's events to the schedulers;
+- scrapes: shared scrape results (one owner per pod among the live replicas);
 - snapshot: the late joiner's warm start (prefix index, adapter residency);
 - coordinator: the lifecycle (connect, flush, read, sweep, reconnect with backoff).
 """

@@ -56,6 +56,8 @@ FRESH_GAPS = 2.0
 # How stale the cached live set may be: ownership follows a change this fast.
 MEMBERS_REFRESH_S = 0.05
 MAX_CACHED_OWNERS = 100_000
+# The per-pod table is pruned of departed pods when it grows past twice its size plus this.
+PRUNE_SLACK = 1024
 
 # Who scrapes a pod for this replica (what `igw status` and the metrics count).
 OWNER = "owner"  # this replica, and it shares the results
@@ -136,6 +138,7 @@ class SharedScrapes:
         self.flush_interval_s = flush_interval_s
         self.stats = ScrapeShareStats()
         self._pods: dict[tuple[str, str], _PodShare] = {}
+        self._prune_at = PRUNE_SLACK
         self._members_at = -math.inf
 
     def attach(self) -> None:
@@ -209,9 +212,20 @@ class SharedScrapes:
 
     def _share(self, pool: str, address: str) -> _PodShare:
         share = self._pods.get((pool, address))
-        if share is None:  # bounded: the collector forgets pods that leave
+        if share is None:
+            if len(self._pods) >= self._prune_at:
+                self._prune()
             share = self._pods[(pool, address)] = _PodShare()
         return share
+
+    def _prune(self) -> None:
+        """Drop pods gone from the datastore. The collector forgets the pods it scraped
+        when they leave; this catches one that left before its scrape task started (a
+        result for it came in between), so the table stays within twice the pods."""
+        pools = self.collector.datastore.pools
+        self._pods = {key: share for key, share in self._pods.items()
+                      if (pool := pools.get(key[0])) is not None and key[1] in pool.pods}
+        self._prune_at = 2 * len(self._pods) + PRUNE_SLACK
 
     def _owns(self, address: str, now: float) -> bool:
         if now - self._members_at >= MEMBERS_REFRESH_S:

@@ -10,7 +10,7 @@ Layering, lowest first: engines → parser → speed → columns → prometheus_
 """
 
 from picker.datalayer.collector import Collector, CollectorOptions, MetricsCollector, ScrapeError
-from picker.datalayer.columns import WRITTEN_COLUMNS, fresh_mask, write_snapshot
+from picker.datalayer.columns import WRITTEN_COLUMNS, fresh_mask, write_outcome, write_snapshot
 from picker.datalayer.engines import (
     PROFILES,
     SGLANG,
@@ -57,5 +57,6 @@ __all__ = [
     "parse_metrics",
     "parser_for",
     "profile_for",
+    "write_outcome",
     "write_snapshot",
 ]
