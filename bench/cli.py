@@ -5,6 +5,7 @@
     igw bench --smoke                              # seconds: tiny fleet, two routers
     igw bench --overhead                           # added latency and CPU per request
     igw bench --replicas 1,2,4 --no-coordination   # N gateways behind an L4 front
+    igw bench --twin-replicas 1,2,4                # the same in the twin (virtual time)
     igw bench --family 100 --seed 0                # the gateway's twin on a scenario family
     igw bench --ext-proc-servers                   # grpc.aio vs grpclib vs ours behind Envoy
     igw bench --guidellm-check --guidellm PATH     # TTFT cross-check with guidellm
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.routers import DEFAULT_ROUTERS, ROUTERS, parse_routers, versions
-from bench.scenarios import ALL, SCENARIOS
+from bench.scenarios import ALL, SCENARIOS, Plan, Scenario
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -84,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-coordination", action="store_true",
                    help="with --replicas: run both, coordinated and not, alternated")
     p.add_argument("--repeats", type=int, default=1,
-                   help="with --replicas: alternated repeats of every configuration")
+                   help="with --replicas: alternated repeats of every configuration; with "
+                        "--twin-replicas: the twin's seeds 0..R-1")
     p.add_argument("--scrape-load", type=float, default=None, metavar="SECONDS",
                    help="with --replicas: measure the pods' scrape load at each N instead, "
                         "uncoordinated then coordinated sharing scrape results "
@@ -92,7 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", type=int, default=None, metavar="N",
                    help="the gateway's twin (bench/twin.py) against the replay's yardsticks on "
                         "N scenarios of the seeded family (bench/family.py) of --seed; results "
-                        "to bench/results/family.md (+ .json)")
+                        "to bench/results/family.md (+ .json). With --replicas or "
+                        "--twin-replicas: instead of --scenario, a sample of N members a live "
+                        "run can afford, spread over the family's kinds (family.sample)")
+    p.add_argument("--twin-replicas", default=None, metavar="N[,N...]",
+                   help="the gateway's twin as N replicas behind the L4 front, not coordinated "
+                        "and coordinated (bench/replicas_twin.py), on --scenario's plans as "
+                        "--replicas sends them (or --family's sample); virtual time, minutes; "
+                        "merged into bench/results/replicas-twin.md (+ .json)")
+    p.add_argument("--share-scrapes", action="store_true",
+                   help="with --twin-replicas: also coordinated replicas sharing scrape results")
     p.add_argument("--twin-only", action="store_true",
                    help="with --family: reuse the yardsticks of the previous family.json for "
                         "unchanged plans, run only the twin")
@@ -134,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return rerender(args.out or RESULTS)
     if args.replay:
         return print_replay(_scenarios(args.scenario), args.seed, args.duration, args.time_scale)
+    if args.twin_replicas:
+        return twin_replicas_main(args, argv)
     if args.replicas:
         return replicas_main(args, argv)
     if args.family is not None:
@@ -159,11 +172,23 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="igw-bench-") as tmp:
         work = args.work or Path(tmp)
         command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
-        return asyncio.run(_run(names, routers, args, out, work, full, command))
+        return asyncio.run(_run(_named(names, args), routers, args, out, work, full, command))
 
 
-async def _run(names: list[str], routers, args: argparse.Namespace, out: Path, work: Path,
-               full: bool, command: str) -> int:
+def _named(names: list[str], args: argparse.Namespace) -> list[tuple[Scenario, Plan, Plan]]:
+    """(scenario, plan, warm-up plan) of each named scenario: the plan of --seed, the
+    warm-up of seed + 1000 for 3 s wall (1 s for `tiny`)."""
+    out = []
+    for name in names:
+        scenario = SCENARIOS[name]
+        plan = scenario.plan(args.seed, args.duration, args.time_scale)
+        warm = scenario.plan(args.seed + 1000, 3.0 if name != "tiny" else 1.0, args.time_scale)
+        out.append((scenario, plan, warm))
+    return out
+
+
+async def _run(items: list[tuple[Scenario, Plan, Plan]], routers, args: argparse.Namespace,
+               out: Path, work: Path, full: bool, command: str) -> int:
     from bench.report import write_scenario
     from bench.runner import run_scenario
 
@@ -182,13 +207,11 @@ async def _run(names: list[str], routers, args: argparse.Namespace, out: Path, w
     sections: list[str] = []
     headline: list[dict[str, Any]] = []
     failed = 0
-    for name in names:
-        scenario = SCENARIOS[name]
-        plan = scenario.plan(args.seed, args.duration, args.time_scale)
-        warm = scenario.plan(args.seed + 1000, 3.0 if name != "tiny" else 1.0, args.time_scale)
-        print(f"{name}: {len(plan.requests)} requests, {plan.wall_duration_s:.0f} s wall per "
-              f"router, time_scale {plan.time_scale:g}, {len(routers)} routers", flush=True)
-        runs = await run_scenario(plan, warm, routers, work / name, seed=args.seed,
+    for scenario, plan, warm in items:
+        print(f"{scenario.name}: {len(plan.requests)} requests, {plan.wall_duration_s:.0f} s "
+              f"wall per router, time_scale {plan.time_scale:g}, {len(routers)} routers",
+              flush=True)
+        runs = await run_scenario(plan, warm, routers, work / scenario.name, seed=args.seed,
                                   progress=not args.no_progress)
         failed += sum(1 for r in runs if not r.ok)
         section, item = write_scenario(out, scenario, plan, runs, meta)
@@ -226,16 +249,42 @@ def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
             table.write_text(json.dumps(doc, indent=1))
             failed = 0
         else:
-            names = ["tiny"] if args.smoke else _scenarios(args.scenario)
+            if args.family is not None:  # a family sample, each member's arrivals at every N
+                from bench.family import live_run, sample
+
+                items = [live_run(member) for member in sample(args.seed, args.family)]
+            else:
+                items = _named(["tiny"] if args.smoke else _scenarios(args.scenario), args)
+            names = [scenario.name for scenario, _, _ in items]
             routers = replica_specs(counts, coordination, args.repeats)
             out = results / "partial" / "replicas"
-            failed = asyncio.run(_run(names, routers, args, out, work, False, command))
+            failed = asyncio.run(_run(items, routers, args, out, work, False, command))
             meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                     "command": command}
             doc = update_results([out], names, table, meta)
+            if args.family is not None:
+                doc.setdefault("family", {}).update(
+                    {scenario.name: scenario.description for scenario, _, _ in items})
+                table.write_text(json.dumps(doc, indent=1))
     (results / "replicas.md").write_text(render_markdown(doc))
     print(f"replicas: {results / 'replicas.md'}", flush=True)
     return failed
+
+
+def twin_replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """`--twin-replicas`: the twin as N replicas on --scenario's plans, or --family's sample
+    of --seed, merged into replicas-twin.json / .md (in --out when given, else bench/results)."""
+    from bench.replicas_twin import MODES, run
+
+    counts = [int(n) for n in args.twin_replicas.split(",")]
+    modes = ["nocoord"] if args.no_coordination else [
+        m for m in MODES if m != "shared" or args.share_scrapes]
+    names = [] if args.family is not None else _scenarios(args.scenario)
+    family = (args.seed, args.family) if args.family is not None else None
+    command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    run(names, family, counts, modes, args.repeats, args.seed, args.out or RESULTS, command,
+        args.duration, args.time_scale)
+    return 0
 
 
 def print_replay(names: list[str], seed: int, duration: float | None,

@@ -47,7 +47,15 @@ import orjson
 
 from bench.capacity import Workload, round_robin_capacity
 from bench.replay import WARMUP_GROUP, measured_indices, replay_reference
-from bench.scenarios import Plan, PoolPlan, calibration, capacities, chat_request, make_pods
+from bench.scenarios import (
+    Plan,
+    PoolPlan,
+    Scenario,
+    calibration,
+    capacities,
+    chat_request,
+    make_pods,
+)
 from bench.workload import Corpus, RequestSpec, lognormal, lognormal_mean, on_off_arrivals
 
 GPUS = ("h200", "h100", "a100", "l40s", "a10g", "l4")
@@ -309,6 +317,76 @@ def warm_started(plan: Plan, warm: Plan, gap_s: float) -> Plan:
     shift = warm.duration_s + gap_s
     measured = [dataclasses.replace(r, at=r.at + shift) for r in plan.requests]
     return dataclasses.replace(plan, requests=[*warmup_requests(warm), *measured])
+
+
+# ----- a sample for live runs ---------------------------------------------------------------
+
+# What a live run can afford per member and configuration on the shared 2-core machine
+# (`igw bench --replicas ... --family K`): ~300 measured requests over a 10-25 s arrivals
+# window (time_scale 1: at most 30 requests/s, as the five scenarios' 20-25), so a run with
+# its warm-up, drain and N replicas' start stays under a minute; at most 12 pods.
+SAMPLE_CANDIDATES = 100
+SAMPLE_WINDOW_S = (10.0, 25.0)
+SAMPLE_MAX_PODS = 12
+
+
+def traits(params: dict[str, Any]) -> set[str]:
+    """The kinds a member is of, for spreading a sample over the family."""
+    out = {f"arrivals {params['arrivals']['kind']}"}
+    if len(params["pools"]) > 1:
+        out.add("two pools")
+    if params["prefix"]:
+        out.add("shared prompts")
+    for pool in params["pools"]:
+        out.add(f"engine {pool['engine']}")
+        if pool["metrics_version"]:
+            out.add("older page")
+        if len(pool["gpus"]) > 1:
+            out.add("mixed GPUs")
+        if pool["adapters"]:
+            out.add("LoRA, fewer slots than adapters" if pool["adapters"] > pool["slots"]
+                    else "LoRA")
+    return out
+
+
+def sample(seed: int, count: int) -> list[Plan]:
+    """`count` members of the family of `seed` a live run can afford (arrivals window within
+    SAMPLE_WINDOW_S, at most SAMPLE_MAX_PODS pods; among the first SAMPLE_CANDIDATES),
+    spread over its kinds: each pick is the candidate with the most traits no earlier pick
+    has (once every trait is had, they count afresh), the lowest index on a tie. Greedy, so
+    the first k of a sample of `count` are the sample of k: a larger twin sample contains
+    the live one."""
+    candidates = [plan for plan in family(seed, SAMPLE_CANDIDATES)
+                  if SAMPLE_WINDOW_S[0] <= plan.duration_s <= SAMPLE_WINDOW_S[1]
+                  and len(plan.pods) <= SAMPLE_MAX_PODS]
+    kinds = [traits(plan.calibration["params"]) for plan in candidates]
+    picked: list[int] = []
+    covered: set[str] = set()
+    while len(picked) < min(count, len(candidates)):
+        rest = [i for i in range(len(candidates)) if i not in picked]
+        if not any(kinds[i] - covered for i in rest):
+            covered = set()
+        best = max(rest, key=lambda i: (len(kinds[i] - covered), -i))
+        picked.append(best)
+        covered |= kinds[best]
+    return [candidates[i] for i in picked]
+
+
+def live_run(member: Plan) -> tuple[Scenario, Plan, Plan]:
+    """A member as `igw bench` runs it live (bench/runner.py): (scenario, measured plan,
+    warm-up plan). The warm-up is the member's own first requests; the measured ones are
+    moved to start at 0, as the runner sends them after the warm-up has drained."""
+    start = member.calibration["measured_from_s"]
+    warm = [r for r in member.requests if r.group == WARMUP_GROUP]
+    measured = dataclasses.replace(member, requests=[
+        dataclasses.replace(r, at=r.at - start) for r in member.requests
+        if r.group != WARMUP_GROUP])
+    params = member.calibration["params"]
+    scenario = Scenario(member.scenario, f"{member.scenario} (family seed {params['seed']}, "
+                        f"index {params['index']})", (), describe(params), member.time_scale,
+                        member.wall_duration_s, lambda _seed, _duration, _scale: measured)
+    return scenario, measured, dataclasses.replace(
+        member, requests=warm, duration_s=member.calibration["warmup_s"])
 
 
 # ----- running the family: the twin against the replay's yardsticks --------------------------

@@ -41,6 +41,8 @@ import orjson
 from bench.workload import RequestSpec
 
 DEFAULT_CONCURRENCY_CAP = 4096
+# An idle keep-alive connection is closed after this many wall seconds (aiohttp's connector).
+KEEPALIVE_S = 30.0
 HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
 TAIL_BYTES = 2048
 
@@ -139,6 +141,13 @@ async def settle(tasks: Iterable[asyncio.Task[None]], deadline: float) -> None:
     await asyncio.gather(*every, return_exceptions=True)
 
 
+def clients_of(requests: int, clients: int) -> list[int]:
+    """Which client sends each of `requests` requests: seeded, so the same for every router
+    (and for the twin's model of the front, bench/twin.py)."""
+    rng = random.Random(0)
+    return [rng.randrange(clients) for _ in range(requests)]
+
+
 class LoadGenerator:
     """Sends `specs` to `url_for(spec)` at their times; `run()` returns one Result each."""
 
@@ -156,9 +165,7 @@ class LoadGenerator:
         clients: int = 1,
     ) -> None:
         self.specs = list(specs)
-        # which client sends each request: seeded, so the same for every router
-        rng = random.Random(0)
-        self.client_of = [rng.randrange(clients) for _ in self.specs]
+        self.client_of = clients_of(len(self.specs), clients)
         self.url_for = url_for
         self.scale = time_scale
         self.cap = concurrency_cap
@@ -177,7 +184,7 @@ class LoadGenerator:
         """One client: its own keep-alive connection pool."""
         connector = aiohttp.TCPConnector(
             limit=self.cap, limit_per_host=0, ssl=self.ssl_context or False,
-            keepalive_timeout=30, ttl_dns_cache=None,
+            keepalive_timeout=KEEPALIVE_S, ttl_dns_cache=None,
         )
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s, connect=10)
         return aiohttp.ClientSession(

@@ -454,17 +454,21 @@ def _share(s: dict[str, Any] | None) -> str:
     return f"{conn} ({req})"
 
 
-def replica_table(doc: dict[str, Any], counts: tuple[int, ...] = (1, 2, 4)) -> list[str]:
-    """Per scenario and N: TTFT p50/p95/p99 not coordinated and coordinated, the median of
-    the repeats' p95 vs the one uncoordinated replica's (the single gateway as deployed
-    today), and the shares."""
+def replica_table(doc: dict[str, Any], counts: tuple[int, ...] = (1, 2, 4),
+                  family: bool = False) -> list[str]:
+    """Per scenario (`family`: per family member instead) and N: TTFT p50/p95/p99 not
+    coordinated and coordinated, the median of the repeats' p95 vs the one uncoordinated
+    replica's (the single gateway as deployed today), and the shares."""
     lines = [
         "| scenario | N | not coordinated p50 / p95 / p99 (s) | median p95 vs N = 1 "
         "| coordinated p50 / p95 / p99 (s) | median p95 vs N = 1 | target (≤ +10 %) "
         "| connection (request) share %, not coord. / coord. |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    members = doc.get("family", {})
     for scenario, routers in doc.get("scenarios", {}).items():
+        if (scenario in members) != family:
+            continue
         base = (routers.get("igw-llm-d-x1-nocoord") or {}).get("ttft_p95_median")
         for n in counts:
             free = routers.get(f"igw-llm-d-x{n}-nocoord")
@@ -537,6 +541,15 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "Share column: the first repeat's connections per replica in % (requests in "
         "parentheses). Per-run commands and dates: replicas.json.",
     ]
+    if doc.get("family"):
+        parts += ["", "## A sample of the scenario family", "",
+                  "`igw bench --replicas 1,2,4 --compare-coordination --family K --seed S`: "
+                  "K members of the family of seed S (bench/family.py `sample`: spread over "
+                  "its kinds, short enough to run live), named family-S-index, each at "
+                  "time_scale 1 with its own warm-up; coordinated replicas share scrape "
+                  "results (the default).", "",
+                  *replica_table(doc, family=True), ""]
+        parts += [f"- `{name}`: {about}" for name, about in doc["family"].items()]
     if "scrape_load" in doc:
         parts += ["", "## Pod-side scrape load", "", *scrape_table(doc["scrape_load"])]
     return "\n".join(parts) + "\n"

@@ -20,11 +20,30 @@ gateway's clocks run at model time / time_scale and its config is the live bench
 (bench/routers.py: interval 50 ms, staleAfter 2 s, queueTimeout 10 s, all in model time), so a
 hand-written scenario's twin sees what the live gateway sees at that scale.
 
+**N replicas** (`replicas=N`, what `igw bench --replicas` runs live, bench/replicas.py): N
+independent gateways (each its own Datastore, Schedulers, speed learner and scrape clock with
+its own jitter) over the same pods. Each request reaches a replica as in the live bench: the
+load generator's clients (bench/loadgen.py `clients_of`, 32 of them) keep their own keep-alive
+pools and the L4 front gives every *new connection* the next replica in strict rotation
+(`_Front`), so the split is per connection, not per request. Uncoordinated, a replica never
+hears of the others' requests. Coordinated (`coordinated=True`), each replica runs the
+gateway's coordination code with Redis replaced by a delay: the director's `Outbox`, flushed
+`flushInterval` (contract.config `CoordinationConfig`, 10 ms) after the first event of a batch
+through the codec (`encode_batches` / `decode_batch`), each entry reaching every other replica
+`rtt_s` later, where `Folder` folds it (`Scheduler.on_remote_dispatch`, `Replicas` releasing
+through `on_remote_complete`); heartbeats and the sweep every `heartbeatInterval`; a fold wakes
+the receiver's admission waiters as the scheduler's listener does live. With
+`share_scrapes=True` the replicas also share scrape results (`SharedScrapes`: one owner per pod
+scrapes it and its result travels in the same batches; the others skip their scrape while it
+is fresh). One replica never coordinates (no one to coordinate with), as live.
+
 Not modelled: Envoy, the network and the picker's own CPU (a request reaches its pod the moment
-it is picked; the live run adds the data path's ~1 ms per request, times the scale); the
-fallback pods (a pod that refuses a request fails it, as a live 503 would be retried by
-no one); scrape failures other than a page the parser refuses; the load generator's
-concurrency cap. Same seed, same plan: the same result.
+it is picked; the live run adds the data path's ~1 ms per request, times the scale, and N
+replicas on the live bench's 2 cores add contention: the twin has none of it); the fallback
+pods (a pod that refuses a request fails it, as a live 503 would be retried by no one); scrape
+failures other than a page the parser refuses; the load generator's concurrency cap; Redis
+outages; the connections the live bench's readiness probes take (they shift the front's
+rotation by a few). Same seed, same plan: the same result.
 """
 
 from __future__ import annotations
@@ -36,7 +55,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import orjson
@@ -44,14 +63,32 @@ import orjson
 from bbr.model_map import ModelMap
 from bbr.prefix import prefix_hashes
 from bbr.request import parse_request
-from bench.replay import ReplayPod, ReplayResult, adapter_loads, measured_indices
+from bench.loadgen import KEEPALIVE_S, clients_of
+from bench.replay import (
+    WARMUP_GROUP,
+    ReplayPod,
+    ReplayResult,
+    adapter_loads,
+    measured_indices,
+)
+from bench.replicas import CLIENTS
 from bench.scenarios import Plan
-from contract.config import GatewayConfig, MetricsConfig, SaturationConfig, SchedulerConfig
-from picker.datalayer.collector import FIRST_SCRAPE_SPREAD_S, CollectorOptions, next_delay
+from contract.config import (
+    CoordinationConfig,
+    GatewayConfig,
+    MetricsConfig,
+    SaturationConfig,
+    SchedulerConfig,
+)
+from picker.coordination.codec import decode_batch, encode_batches
+from picker.coordination.fold import Folder
+from picker.coordination.outbox import Outbox
+from picker.coordination.replicas import Replicas
+from picker.coordination.scrapes import SharedScrapes
+from picker.datalayer.collector import FIRST_SCRAPE_SPREAD_S, MetricsCollector, next_delay
 from picker.datalayer.columns import write_snapshot
 from picker.datalayer.engines import profile_for
-from picker.datalayer.parser import MetricsParseError, parser_for
-from picker.datalayer.speed import SpeedLearner
+from picker.datalayer.parser import MetricsParseError, MetricsSnapshot, parser_for
 from picker.datastore import Datastore, Pool
 from picker.director import MAX_PREFIX_BLOCKS
 from picker.scheduling.admission import RECHECK_INTERVAL_S
@@ -64,9 +101,15 @@ from simulator.engine import PromptTooLong, QueueFull, SimRequest
 from simulator.server import build_request
 from simulator.spec import PodSpec, parse_fleet
 
+if TYPE_CHECKING:
+    from picker.director import Director
+
 CHAT_PATH = "/v1/chat/completions"
 # The live benchmark's gateway config (bench/routers.py `gateway_config`), in model seconds.
 INTERVAL_S, STALE_AFTER_S, QUEUE_TIMEOUT_S = 0.05, 2.0, 10.0
+# One hop through Redis on loopback, gateway seconds: the XADD's round trip and the peer's
+# blocked XREAD returning (docs/benchmarks.md: ~1 ms).
+REDIS_RTT_S = 0.001
 
 
 class _Clock:
@@ -86,22 +129,25 @@ class _Clock:
 class _Sent:
     """One measured or warm-up request from the gateway's point of view."""
 
+    position: int  # in the plan
     arrival: float  # model time it reached the gateway
     body: dict[str, Any]
     spec_model: str
     pool: str
     request: SchedulingRequest
+    gateway: _Gateway  # the replica the front gave its connection to
     sim: SimRequest | None = None
     row: int = -1
     pod: str | None = None
     deadline: float = math.inf  # admission: model time it stops waiting
+    shared_id: int = 0  # coordinated: the id its completion carries to the other replicas
 
 
 @dataclass(eq=False)
 class _TwinPod:
     replay: ReplayPod
     pool: str
-    row: int
+    row: int  # the same in every replica: each adds the pods in the plan's order
     kind: str
     options: metrics_text.PageOptions
     pending: list[_Sent] = field(default_factory=list)
@@ -117,42 +163,133 @@ class _TwinPool:
     recheck_due: bool = False
 
 
-class Twin:
-    """One plan through the gateway's scheduling code; `run()` once."""
+@dataclass(eq=False)
+class _Link:
+    """One replica's coordination as picker.coordination.Coordinator runs it, Redis aside."""
 
-    def __init__(self, plan: Plan, profile: str = "llm-d", seed: int = 0) -> None:
+    outbox: Outbox
+    replicas: Replicas
+    folder: Folder
+    shares: SharedScrapes | None
+    seq: int = 0
+    flush_due: bool = False  # a flush is scheduled (the outbox's first event since the last)
+
+
+@dataclass(eq=False)
+class _Gateway:
+    """One gateway replica: its own datastore and schedulers, speed learner (the collector's)
+    and scrape clock. `datastore` and `schedulers` are what `Folder` reads of a Director."""
+
+    name: str
+    datastore: Datastore
+    model_map: ModelMap
+    collector: MetricsCollector
+    rand: random.Random
+    pools: dict[str, _TwinPool]
+    schedulers: dict[str, Scheduler]
+    link: _Link | None = None
+
+
+class _Front:
+    """Which replica each request reaches, as on the live bench (bench/replicas.py): each
+    request is sent by one of the load generator's clients (`clients_of`; the warm-up and the
+    measured run are two LoadGenerators, each drawing its own and opening its own pools),
+    over an idle keep-alive connection of that client's pool if it has one (aiohttp takes
+    the one released longest ago and drops those idle over KEEPALIVE_S), else over a new
+    connection, which the front's tcp_proxy gives to the next replica in strict rotation."""
+
+    def __init__(self, plan: Plan, replicas: int, clients: int) -> None:
+        self.replicas = replicas
+        self.measured = [s.group != WARMUP_GROUP for s in plan.requests]
+        warm = self.measured.count(False)
+        self.client_of = [*clients_of(warm, clients),
+                          *clients_of(len(plan.requests) - warm, clients)]
+        self.idle: dict[bool, list[deque[tuple[int, float]]]] = {
+            phase: [deque() for _ in range(clients)] for phase in (False, True)}
+        self.keepalive = KEEPALIVE_S * plan.time_scale
+        self.turn = 0
+
+    def acquire(self, position: int, t: float) -> int:
+        """The replica of the connection request `position` goes over at model time t."""
+        idle = self.idle[self.measured[position]][self.client_of[position]]
+        while idle:
+            replica, released = idle.popleft()
+            if t - released <= self.keepalive:
+                return replica
+        replica = self.turn % self.replicas
+        self.turn += 1
+        return replica
+
+    def release(self, position: int, replica: int, t: float) -> None:
+        """The request's answer ended at t: its connection is idle in its client's pool."""
+        self.idle[self.measured[position]][self.client_of[position]].append((replica, t))
+
+
+class Twin:
+    """One plan through the gateway's scheduling code, as one replica or N; `run()` once."""
+
+    def __init__(self, plan: Plan, profile: str = "llm-d", seed: int = 0, *, replicas: int = 1,
+                 coordinated: bool = False, share_scrapes: bool = False,
+                 rtt_s: float = REDIS_RTT_S, clients: int = CLIENTS) -> None:
+        if share_scrapes and not coordinated:
+            raise ValueError("shared scrape results need coordinated replicas")
         self.plan = plan
         self.profile = profile
         self.scale = plan.time_scale
         self.clock = _Clock()
-        self.rand = random.Random(seed)
-        self.options = CollectorOptions()
-        self.learner = SpeedLearner(self.options.alpha)
-        self.datastore = Datastore(GatewayConfig(schedulers=tuple(
+        self.config = GatewayConfig(schedulers=tuple(
             _scheduler_config(i, pool.model, pool.pods, profile, self.scale)
-            for i, pool in enumerate(plan.pools))))
-        self.model_map = ModelMap.from_pools(
-            ((s.name, s.model_name, s.lora_adapters) for s in self.datastore.config.schedulers),
-            created=0)
-        rng = np.random.default_rng(seed)
+            for i, pool in enumerate(plan.pools)))
+        # one replica has no one to coordinate with (the live bench runs it uncoordinated)
+        self.coordination = CoordinationConfig(url="redis://twin", share_scrapes=share_scrapes) \
+            if coordinated and replicas > 1 else None
+        self.rtt_s = rtt_s
+        self.front = _Front(plan, replicas, clients)
         specs = {s.name: s for s in parse_fleet({"pods": plan.pods}).pods}
-        self.pools: dict[str, _TwinPool] = {}
         self.pods: list[_TwinPod] = []
         self.by_row: dict[tuple[str, int], _TwinPod] = {}
-        for cfg, plan_pool in zip(self.datastore.config.schedulers, plan.pools, strict=True):
-            pool = self.datastore.pools[cfg.name]
-            self.pools[cfg.name] = _TwinPool(pool, Scheduler(pool, rng=rng), plan_pool.model)
-            for entry in plan_pool.pods:
-                self._add_pod(cfg.name, pool, specs[entry["name"]])
+        self.gateways = [self._gateway(i, seed, specs) for i in range(replicas)]
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = itertools.count()
         self.sent: list[_Sent | None] = []
         self.open = 0  # requests neither finished nor failed
+        self.prefix_hit_share: float | None = None  # of the measured prompts' tokens (run)
 
     # -- setup ------------------------------------------------------------------------------
 
-    def _add_pod(self, pool_name: str, pool: Pool, spec: PodSpec) -> None:
+    def _gateway(self, index: int, seed: int, specs: dict[str, PodSpec]) -> _Gateway:
+        """Replica `index`; the first has the one-gateway twin's random streams (its results
+        are the same), the others their own."""
+        rand = random.Random(seed if index == 0 else f"twin-replica:{seed}:{index}")
+        datastore = Datastore(self.config)
+        model_map = ModelMap.from_pools(
+            ((s.name, s.model_name, s.lora_adapters) for s in self.config.schedulers),
+            created=0)
+        rng = np.random.default_rng(seed if index == 0 else [seed, index])
+        pools: dict[str, _TwinPool] = {}
+        for cfg, plan_pool in zip(self.config.schedulers, self.plan.pools, strict=True):
+            pool = datastore.pools[cfg.name]
+            pools[cfg.name] = _TwinPool(pool, Scheduler(pool, rng=rng), plan_pool.model)
+            for entry in plan_pool.pods:
+                self._add_pod(index, cfg.name, pool, specs[entry["name"]])
+        gateway = _Gateway(f"twin-{index}", datastore, model_map, MetricsCollector(datastore),
+                           rand, pools, {name: tp.scheduler for name, tp in pools.items()})
+        if self.coordination is not None:
+            settings = self.coordination
+            outbox = Outbox(settings.buffer_size)
+            peers = Replicas(gateway.name, settings.replica_timeout_s)
+            shares = SharedScrapes(gateway.name, peers, outbox, gateway.collector,
+                                   lambda: True, settings.flush_interval_s) \
+                if settings.share_scrapes else None
+            folder = Folder(cast("Director", gateway), peers, shares)
+            gateway.link = _Link(outbox, peers, folder, shares)
+        return gateway
+
+    def _add_pod(self, index: int, pool_name: str, pool: Pool, spec: PodSpec) -> None:
         pod = pool.add_pod(spec.name, name=spec.name)
+        if index > 0:  # the engines are the first replica's; every replica has the same rows
+            assert self.by_row[(pool_name, pod.row)].replay.spec.name == spec.name
+            return
         replay = ReplayPod(spec)
         replay.engine._loop = self.clock  # type: ignore[assignment]  # see _Clock
         twin = _TwinPod(replay, pool_name, pod.row, spec.engine, spec.page_options())
@@ -166,20 +303,25 @@ class Twin:
         request in plan order, None for those that failed (no pod, queue timeout, refused)."""
         for i, spec in enumerate(self.plan.requests):
             self._push(spec.at, "arrival", i)
-        for pod in self.pods:
-            spread = min(self._interval_s(), FIRST_SCRAPE_SPREAD_S)
-            self._push(self.rand.uniform(0.0, spread) * self.scale, "scrape", pod)
+        for gateway in self.gateways:
+            for pod in self.pods:
+                spread = min(self._interval_s(), FIRST_SCRAPE_SPREAD_S)
+                self._push(gateway.rand.uniform(0.0, spread) * self.scale, "scrape",
+                           (gateway, pod))
+        if self.coordination is not None:  # started before the traffic: they know each other
+            for gateway in self.gateways:
+                self._push(0.0, "beat", gateway)
         self.sent = [None] * len(self.plan.requests)
         self.open = len(self.plan.requests)
-        loads_before: int | None = None
+        before: tuple[int, int, int] | None = None
         first_measured = self.plan.requests[measured_indices(self.plan)[0]].at
         while self.open > 0:
             busy = [p for p in self.pods if p.replay.end is not None]
             next_end = min((p.replay.end for p in busy), default=math.inf)  # type: ignore[type-var]
             if self.events and self.events[0][0] < next_end:
                 t, _, kind, payload = heapq.heappop(self.events)
-                if loads_before is None and t >= first_measured:
-                    loads_before = adapter_loads(p.replay for p in self.pods)
+                if before is None and t >= first_measured:
+                    before = self._counters()
                 self.clock.t = t
                 self._handle(kind, payload, t)
             else:
@@ -191,9 +333,27 @@ class Twin:
         ttft = [s.sim.first_token_at - s.arrival
                 if s is not None and s.sim is not None and s.sim.generated else None
                 for s in self.sent]
-        loads = adapter_loads(p.replay for p in self.pods) - (loads_before or 0)
-        return ReplayResult(f"gateway {self.profile}", ttft,
-                            [s.pod if s is not None else None for s in self.sent], loads)
+        loads, queries, hits = (a - b for a, b in zip(self._counters(), before or (0, 0, 0),
+                                                     strict=True))
+        self.prefix_hit_share = hits / queries if queries else None
+        label = f"gateway {self.profile}" if len(self.gateways) == 1 else (
+            f"gateway {self.profile} x{len(self.gateways)}"
+            + (" coordinated" if self.coordination is not None else ""))
+        return ReplayResult(label, ttft, [s.pod if s is not None else None for s in self.sent],
+                            loads)
+
+    def _counters(self) -> tuple[int, int, int]:
+        """Adapter loads, prompt tokens looked up in the pods' prefix caches, and hits."""
+        stats = [p.replay.engine.stats for p in self.pods]
+        return (adapter_loads(p.replay for p in self.pods),
+                sum(s.prefix_queries for s in stats), sum(s.prefix_hits for s in stats))
+
+    def replica_shares(self) -> list[float]:
+        """Each replica's share of the measured requests (after `run`)."""
+        measured = [self.sent[i] for i in measured_indices(self.plan)]
+        counts = [sum(1 for s in measured if s is not None and s.gateway is g)
+                  for g in self.gateways]
+        return [round(c / max(sum(counts), 1), 3) for c in counts]
 
     def _push(self, t: float, kind: str, payload: Any) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, payload))
@@ -202,11 +362,17 @@ class Twin:
         if kind == "arrival":
             self._arrive(payload, t)
         elif kind == "scrape":
-            self._scrape(payload, t)
-        else:  # "recheck": the admission queue's periodic look
-            tp: _TwinPool = payload
+            self._scrape(*payload, t)
+        elif kind == "recheck":  # the admission queue's periodic look
+            gateway, tp = payload
             tp.recheck_due = False
-            self._release(tp, t)
+            self._release(gateway, tp, t)
+        elif kind == "flush":
+            self._flush(payload, t)
+        elif kind == "deliver":
+            self._deliver(*payload, t)
+        else:  # "beat"
+            self._beat(payload, t)
 
     def _interval_s(self) -> float:
         return INTERVAL_S / self.scale
@@ -214,107 +380,188 @@ class Twin:
     # -- requests ---------------------------------------------------------------------------
 
     def _arrive(self, position: int, t: float) -> None:
+        gateway = self.gateways[self.front.acquire(position, t)]
         spec = self.plan.requests[position]
         parsed = parse_request(spec.body, CHAT_PATH, "application/json", None,
-                               self.datastore.config.bbr.max_request_body_bytes)
-        route = self.model_map.resolve(parsed.model)
+                               self.config.bbr.max_request_body_bytes)
+        route = gateway.model_map.resolve(parsed.model)
         request = SchedulingRequest(
             model=parsed.model, adapter=route.adapter, prompt_tokens=parsed.prompt_tokens,
             max_tokens=parsed.max_tokens,
             prefix_hashes=prefix_hashes(parsed.model, parsed.prompt, MAX_PREFIX_BLOCKS))
-        sent = _Sent(t, orjson.loads(spec.body), spec.model, route.pool, request)
+        sent = _Sent(position, t, orjson.loads(spec.body), spec.model, route.pool, request,
+                     gateway)
         self.sent[position] = sent
-        tp = self.pools[route.pool]
+        tp = gateway.pools[route.pool]
         now = t / self.scale
         if tp.waiters or pool_saturated(tp.pool, now):
             sent.deadline = t + tp.pool.config.saturation.queue_timeout_s * self.scale
             tp.waiters.append(sent)
-            self._schedule_recheck(tp, t)
+            self._schedule_recheck(gateway, tp, t)
             return
-        self._dispatch(tp, sent, t)
+        self._dispatch(gateway, tp, sent, t)
 
-    def _dispatch(self, tp: _TwinPool, sent: _Sent, t: float) -> None:
+    def _dispatch(self, gateway: _Gateway, tp: _TwinPool, sent: _Sent, t: float) -> None:
         now = t / self.scale
         try:
             pick = tp.scheduler.pick(sent.request, now)
         except NoCandidates:
-            self._fail()
+            self._end(sent, t)
             return
         row = int(pick.rows[0])
         tp.scheduler.on_dispatch(row, sent.request, now, pick.cached)
+        link = gateway.link
+        if link is not None:  # the director's outbox.dispatched
+            sent.shared_id = link.outbox.dispatched(tp.pool.name, tp.pool.row_address[row],
+                                                    sent.request, pick.cached)
+            self._outbox_event(gateway, t)
         pod = self.by_row[(tp.pool.name, row)]
         sim, _ = build_request(sent.body, sent.spec_model, tp.base_model, True)
         sent.row, sent.pod = row, pod.replay.spec.name
         try:
             pod.replay.add(sim, t)
         except (QueueFull, PromptTooLong):
-            tp.scheduler.on_complete(row, sent.request, now, now - sent.arrival / self.scale,
-                                     False, address=tp.pool.row_address[row])
-            self._fail()
+            self._complete(gateway, tp, sent, t, ok=False)
+            self._end(sent, t)
             return
         sent.sim = sim
         pod.pending.append(sent)
 
+    def _complete(self, gateway: _Gateway, tp: _TwinPool, sent: _Sent, t: float,
+                  ok: bool) -> None:
+        """The director's `complete`: release the request's accounting (and say so to the
+        other replicas when coordinated)."""
+        now = t / self.scale
+        tp.scheduler.on_complete(sent.row, sent.request, now, now - sent.arrival / self.scale,
+                                 ok, address=tp.pool.row_address[sent.row])
+        if gateway.link is not None:
+            gateway.link.outbox.completed(sent.shared_id)
+            self._outbox_event(gateway, t)
+
     def _completions(self, pod: _TwinPod, t: float) -> None:
-        """The requests that ended in the iteration just run: the director's `complete`."""
+        """The requests that ended in the iteration just run: each replica's `complete`."""
         done = sum(pod.replay.engine.stats.success.values())
         if done == pod.finished_seen:
             return
         pod.finished_seen = done
-        tp = self.pools[pod.pool]
-        now = t / self.scale
         keep = []
+        ended: dict[str, _Gateway] = {}
         for sent in pod.pending:
             if sent.sim is not None and sent.sim.finished:
-                tp.scheduler.on_complete(sent.row, sent.request, now,
-                                         now - sent.arrival / self.scale, True,
-                                         address=tp.pool.row_address[sent.row])
-                self.open -= 1
+                gateway = sent.gateway
+                self._complete(gateway, gateway.pools[pod.pool], sent, t, ok=True)
+                self._end(sent, t)
+                ended[gateway.name] = gateway
             else:
                 keep.append(sent)
         pod.pending = keep
-        self._release(tp, t)
+        for gateway in sorted(ended.values(), key=lambda g: g.name):
+            self._release(gateway, gateway.pools[pod.pool], t)
 
-    def _fail(self) -> None:
+    def _end(self, sent: _Sent, t: float) -> None:
+        """The request is over (finished or failed): its client's connection is idle."""
         self.open -= 1
+        self.front.release(sent.position, self.gateways.index(sent.gateway), t)
 
     # -- admission --------------------------------------------------------------------------
 
-    def _release(self, tp: _TwinPool, t: float) -> None:
+    def _release(self, gateway: _Gateway, tp: _TwinPool, t: float) -> None:
         """Waiters out while the pool is not saturated (each dispatch re-checks, as the
         queue's listener does); those past their timeout fail."""
         now = t / self.scale
         while tp.waiters and tp.waiters[0].deadline <= t:
-            tp.waiters.popleft()
-            self._fail()
+            self._end(tp.waiters.popleft(), t)
         while tp.waiters and not pool_saturated(tp.pool, now):
-            self._dispatch(tp, tp.waiters.popleft(), t)
+            self._dispatch(gateway, tp, tp.waiters.popleft(), t)
         if tp.waiters:
-            self._schedule_recheck(tp, t)
+            self._schedule_recheck(gateway, tp, t)
 
-    def _schedule_recheck(self, tp: _TwinPool, t: float) -> None:
+    def _schedule_recheck(self, gateway: _Gateway, tp: _TwinPool, t: float) -> None:
         if not tp.recheck_due:
             tp.recheck_due = True
-            self._push(t + RECHECK_INTERVAL_S * self.scale, "recheck", tp)
+            self._push(t + RECHECK_INTERVAL_S * self.scale, "recheck", (gateway, tp))
 
     # -- scrapes ----------------------------------------------------------------------------
 
-    def _scrape(self, pod: _TwinPod, t: float) -> None:
-        """The collector's `scrape_once` on the pod's page as the simulator writes it."""
-        pool = self.pools[pod.pool].pool
-        body = metrics_text.render(pod.replay.engine, pod.kind, pod.options)
+    def _scrape(self, gateway: _Gateway, pod: _TwinPod, t: float) -> None:
+        """The collector's pod loop: `scrape_once` on the pod's page as the simulator writes
+        it, unless shared scrape results say another replica's fresh ones cover the pod."""
+        pool = gateway.pools[pod.pool].pool
         now = t / self.scale
-        try:
-            snapshot = parser_for(profile_for(pool.config.engine_type)).parse(body.decode())
-        except MetricsParseError:
-            pool.mark_scrape(pod.row, False, now=now)
-            failures = 1
-        else:
-            write_snapshot(pool, pod.row, snapshot, self.learner, now)
-            failures = 0
+        shares = gateway.link.shares if gateway.link is not None else None
+        failures = 0
+        if shares is None or shares.should_scrape(pool, pool.pods[pod.replay.spec.name], now):
+            body = metrics_text.render(pod.replay.engine, pod.kind, pod.options)
+            snapshot: MetricsSnapshot | None = None
+            error = ""
+            try:
+                snapshot = parser_for(profile_for(pool.config.engine_type)).parse(body.decode())
+            except MetricsParseError as exc:
+                pool.mark_scrape(pod.row, False, now=now)
+                failures, error = 1, f"{type(exc).__name__}: {exc}"[:200]
+            else:
+                write_snapshot(pool, pod.row, snapshot, gateway.collector.learner, now)
+            if shares is not None:
+                shares.scraped(pool, pool.pods[pod.replay.spec.name], snapshot, error, now)
+                self._outbox_event(gateway, t)
         if self.open > 0:
-            delay = next_delay(pool.config.metrics, failures, self.options, self.rand)
-            self._push(t + delay * self.scale, "scrape", pod)
+            delay = next_delay(pool.config.metrics, failures, gateway.collector.options,
+                               gateway.rand)
+            self._push(t + delay * self.scale, "scrape", (gateway, pod))
+
+    # -- coordination -----------------------------------------------------------------------
+
+    def _outbox_event(self, gateway: _Gateway, t: float) -> None:
+        """Something entered the outbox: the first since a flush schedules the next one
+        `flushInterval` later, when the batch has gathered (Coordinator._flush_loop)."""
+        link = gateway.link
+        assert link is not None and self.coordination is not None
+        if not link.flush_due and len(link.outbox):
+            link.flush_due = True
+            self._push(t + self.coordination.flush_interval_s * self.scale, "flush", gateway)
+
+    def _flush(self, gateway: _Gateway, t: float, beat: bool = False) -> None:
+        """Coordinator._flush: the batch's entries, encoded, reach every other replica
+        one Redis hop later."""
+        link = gateway.link
+        assert link is not None
+        now = t / self.scale
+        if not beat:
+            link.flush_due = False
+        events = link.outbox.take()
+        scrapes = link.outbox.take_scrapes(now)
+        if not events and not scrapes and not beat:
+            return
+        entries = encode_batches(events, link.seq, now, scrapes=scrapes)
+        link.seq += len(entries)
+        for other in self.gateways:
+            if other is not gateway:
+                self._push(t + self.rtt_s * self.scale, "deliver", (other, gateway.name, entries))
+
+    def _deliver(self, gateway: _Gateway, sender: str, entries: list[dict[bytes, bytes]],
+                 t: float) -> None:
+        """The read loop: decode and fold each entry, aged by its transit; the fold moved
+        the schedulers' counts, which wakes the admission queue's listener."""
+        link = gateway.link
+        assert link is not None
+        now = t / self.scale
+        for fields in entries:
+            batch = decode_batch(fields)
+            link.folder.fold(sender, batch, now, max(0.0, now - batch.sent_at))
+        for tp in gateway.pools.values():
+            if tp.waiters:
+                self._release(gateway, tp, t)
+
+    def _beat(self, gateway: _Gateway, t: float) -> None:
+        """Every heartbeatInterval: a heartbeat entry unless a batch is about to leave (it
+        says as much), and the sweep of silent peers."""
+        link = gateway.link
+        assert link is not None and self.coordination is not None
+        if not link.flush_due:
+            self._flush(gateway, t, beat=True)
+        link.replicas.sweep(t / self.scale)
+        if self.open > 0:
+            self._push(t + self.coordination.heartbeat_interval_s * self.scale, "beat", gateway)
 
 
 def _scheduler_config(i: int, model: str, pods: list[dict[str, Any]], profile: str,
