@@ -477,11 +477,16 @@ async def test_each_pod_is_scraped_by_one_replica_and_both_hold_the_same_numbers
             await asyncio.sleep(1.0)
             after = {x: (a.own_scrapes(x), b.own_scrapes(x)) for x in addresses}
             for x in addresses:
-                grew = [n1 - n0 for n0, n1 in zip(before[x], after[x], strict=True)]
-                assert sorted(g > 0 for g in grew) == [False, True], (x, grew)
-                scraper = a if grew[0] else b
-                assert scraper.sharing.ownership.owner(x) == scraper.name
-                assert a.sharing.ownership.owner(x) == b.sharing.ownership.owner(x)
+                grew = dict(zip("ab", (n1 - n0 for n0, n1 in zip(before[x], after[x],
+                                                                  strict=True)), strict=True))
+                owners = {r.sharing.ownership.owner(x) for r in (a, b)}
+                assert len(owners) == 1, (x, owners)
+                (mine,) = owners
+                (other,) = set(grew) - {mine}
+                assert grew[mine] >= 12, (x, grew)  # the owner scrapes at ~20/s...
+                # ...and the other not at all, unless a result came late on this loaded
+                # machine (past its 110 ms window): then one fallback scrape, counted
+                assert grew[other] <= 2, (x, grew)
             per_pod = [p.hits - h for p, h in zip(stand_ins, hits, strict=True)]
             assert all(12 <= n <= 24 for n in per_pod), per_pod  # one replica's 20/s
             assert a.roles()[OWNER] + b.roles()[OWNER] == PODS
