@@ -34,6 +34,7 @@ class Pod:
     model: str
     port: int
     lora_adapters: tuple[str, ...] = ()
+    engine: str = "vllm"  # the fleet spec's engine: whose page the pod writes
 
     @property
     def address(self) -> str:
@@ -89,7 +90,8 @@ class SimFleet:
         )
         wait_log_line(child, lambda line: "simulator ready" in line, READY_TIMEOUT_S)
         out = [
-            Pod(p["name"], p["gpu"], p["model"], p["port"], tuple(p.get("lora_adapters", ())))
+            Pod(p["name"], p["gpu"], p["model"], p["port"], tuple(p.get("lora_adapters", ())),
+                p.get("engine", "vllm"))
             for p in spec_pods
         ]
         return cls(child, out, ports[-1], path)

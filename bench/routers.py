@@ -221,7 +221,7 @@ def gateway_config(spec: RouterSpec, fleet: SimFleet, tls: TlsMaterial,
             "modelName": model,
             "endpoints": [p.address for p in pods],
             "scheduler": spec.policy,
-            "engineType": "vllm",
+            "engineType": pods[0].engine,  # a pool is one engine (bench/family.py)
             "loraAdapters": adapters,
             "metrics": {"interval": f"{50 / time_scale:.3f}ms",
                         "staleAfter": f"{2000 / time_scale:.3f}ms"},

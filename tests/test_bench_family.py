@@ -16,11 +16,16 @@ from bench.family import (
     MAX_SLOTS,
     PODS_RANGE,
     UTILIZATION_RANGE,
+    WARMUP_GROUP,
     arrivals,
     draw_params,
+    live_run,
+    sample,
     scenario,
 )
+from bench.fleet import Pod, SimFleet
 from bench.replay import measured_indices, replay
+from bench.routers import ROUTERS, TlsMaterial, gateway_config
 from bench.scenarios import SCENARIOS, Plan, PoolPlan, capacities, chat_request, make_pods
 from bench.twin import twin
 from bench.workload import Corpus, lognormal, poisson_arrivals
@@ -112,3 +117,27 @@ def test_twin_gateway_beats_strict_round_robin_on_a_mixed_fleet() -> None:
     gateway = twin(plan).percentiles()
     rr = replay(plan, "round-robin").percentiles()
     assert gateway["ttft_p95"] < 0.5 * rr["ttft_p95"]
+
+
+def test_live_run_sends_the_members_warm_up_then_its_measured_requests_from_zero() -> None:
+    member = sample(0, 1)[0]
+    spec, measured, warm = live_run(member)
+    assert spec.name == member.scenario and spec.plan(0) is measured
+    assert warm.requests and all(r.group == WARMUP_GROUP for r in warm.requests)
+    assert measured.requests and all(r.group != WARMUP_GROUP for r in measured.requests)
+    assert len(warm.requests) + len(measured.requests) == len(member.requests)
+    start = member.calibration["measured_from_s"]
+    assert measured.requests[0].at == pytest.approx(member.requests[len(warm.requests)].at
+                                                    - start)
+    assert 0.0 <= measured.requests[0].at < measured.requests[-1].at <= measured.duration_s
+
+
+def test_gateway_config_names_each_pools_engine(tmp_path) -> None:
+    """A family pool of SGLang or TensorRT-LLM pods must be scraped with its own parser
+    live, as the twin does (the vLLM parser refuses those pages)."""
+    pods = [Pod("a", "h100", "llama-3.1-8b", 1, (), "sglang"),
+            Pod("b", "l4", "qwen3-14b", 2, (), "trtllm")]
+    fleet = SimFleet(None, pods, 0, tmp_path / "fleet.yaml")  # type: ignore[arg-type]
+    tls = TlsMaterial(tmp_path / "ca", tmp_path / "cert", tmp_path / "key")
+    config = gateway_config(ROUTERS["igw-llm-d"], fleet, tls, 1.0)
+    assert [s["engineType"] for s in config["spec"]["schedulers"]] == ["sglang", "trtllm"]
