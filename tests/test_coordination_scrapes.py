@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
-from contract.config import CoordinationConfig, GatewayConfig, MetricsConfig, parse_config
+from contract.config import GatewayConfig, MetricsConfig, parse_config
 from picker.coordination import Coordinator
 from picker.coordination.codec import (
     DISPATCH,
@@ -237,7 +237,7 @@ def test_codec_refuses_a_malformed_scrape_result(fields):
         decode_batch(fields)
 
 
-def test_the_refusal_cases_differ_from_a_good_entry_by_one_field():
+def test_the_good_result_the_refusals_alter_decodes():
     (good,) = decode_batch(_entry([GOOD])).scrapes
     assert good.snapshot is not None and good.snapshot.values[Signal.KV_USAGE] == 0.5
 
@@ -592,12 +592,25 @@ async def test_with_redis_down_every_replica_scrapes_every_pod_and_sharing_comes
             await b.stop()
 
 
-def test_sharing_needs_the_collector_and_the_setting():
-    config = scrape_config(["10.0.0.1:8000"], shareScrapes=False)
-    assert Scraper.make(config, "a").coordinator.scrapes is None
-    assert isinstance(config.coordination, CoordinationConfig)
-    status = Scraper.make(config, "a").coordinator.status()
-    assert status["share_scrapes"] is False
-    director = Director(Datastore(scrape_config(["10.0.0.1:8000"])), GatewayMetrics())
-    assert Coordinator(scrape_config(["10.0.0.1:8000"]), director).scrapes is None
-    assert MetricsConfig().interval_s == INTERVAL_S  # the bounds above assume it
+async def test_sharing_is_off_without_the_setting_or_the_collector():
+    address = "10.0.0.1:8000"
+    off = Scraper.make(scrape_config([address], shareScrapes=False), "b")
+    assert off.coordinator.scrapes is None
+    assert off.coordinator.status()["share_scrapes"] is False
+    off.coordinator.start()  # (its Redis is unreachable: it goes on retrying, routing alone)
+    assert off.collector.sharing is None  # the collector scrapes every pod
+    await off.coordinator.stop()
+    (entry,) = encode_batches([], 0, time.time(), scrapes=[
+        SharedScrape(POOL, address, 0.0, snapshot(9.0))])
+    off.coordinator.folder.fold("a", decode_batch(entry), time.monotonic(), 0.0)
+    assert off.pool.table.waiting[off.row(address)] == 0  # another replica's result ignored
+    # the routing-only harness (no collector) has nothing to share either
+    director = Director(Datastore(scrape_config([address])), GatewayMetrics())
+    assert Coordinator(scrape_config([address]), director).scrapes is None
+    # on: start() hands the collector its sharing, stop() takes it back
+    on = Scraper.make(scrape_config([address]), "b")
+    on.coordinator.start()
+    assert on.collector.sharing is on.sharing
+    await on.coordinator.stop()
+    assert on.collector.sharing is None
+    assert MetricsConfig().interval_s == INTERVAL_S  # the bounds above assume the default
