@@ -11,6 +11,7 @@ over within the stated bound, Redis down making every replica scrape every pod.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import subprocess
@@ -457,6 +458,19 @@ def same_numbers(a: Scraper, b: Scraper, addresses: list[str]) -> bool:
     )
 
 
+@contextlib.asynccontextmanager
+async def started_pair(config: GatewayConfig) -> AsyncIterator[tuple[Scraper, Scraper]]:
+    """Replicas "a" and "b" of `config`, started, and stopped whatever the test did."""
+    a, b = Scraper.make(config, "a"), Scraper.make(config, "b")
+    a.start()
+    b.start()
+    try:
+        yield a, b
+    finally:
+        await a.stop()
+        await b.stop()
+
+
 def max_row_age(replica: Scraper) -> float:
     t, now = replica.pool.table, time.monotonic()
     rows = [replica.row(x) for x in replica.pool.pods]
@@ -466,11 +480,7 @@ def max_row_age(replica: Scraper) -> float:
 async def test_each_pod_is_scraped_by_one_replica_and_both_hold_the_same_numbers(stand_ins):
     addresses = [p.address for p in stand_ins]
     with redis_server() as redis:
-        config = scrape_config(addresses, redis.url)
-        a, b = Scraper.make(config, "a"), Scraper.make(config, "b")
-        a.start()
-        b.start()
-        try:
+        async with started_pair(scrape_config(addresses, redis.url)) as (a, b):
             await eventually(lambda: settled(a, b), 10)
             before = {x: (a.own_scrapes(x), b.own_scrapes(x)) for x in addresses}
             hits = [p.hits for p in stand_ins]
@@ -503,9 +513,6 @@ async def test_each_pod_is_scraped_by_one_replica_and_both_hold_the_same_numbers
             assert max(max_row_age(a), max_row_age(b)) < 0.3
             assert a.coordinator.stats.scrapes_sent + b.coordinator.stats.scrapes_sent > 0
             assert a.sharing.stats.used + b.sharing.stats.used > 0
-        finally:
-            await a.stop()
-            await b.stop()
 
 
 async def _takeover(stand_ins: list[StandInPod], how: str) -> None:
@@ -568,11 +575,7 @@ async def test_with_redis_down_every_replica_scrapes_every_pod_and_sharing_comes
         stand_ins):
     addresses = [p.address for p in stand_ins]
     with redis_server() as redis:
-        config = scrape_config(addresses, redis.url)
-        a, b = Scraper.make(config, "a"), Scraper.make(config, "b")
-        a.start()
-        b.start()
-        try:
+        async with started_pair(scrape_config(addresses, redis.url)) as (a, b):
             await eventually(lambda: settled(a, b), 10)
             redis.stop()
             await eventually(lambda: not a.coordinator.stats.connected
@@ -587,9 +590,6 @@ async def test_with_redis_down_every_replica_scrapes_every_pod_and_sharing_comes
             assert max(max_row_age(a), max_row_age(b)) < 0.3
             redis.start()
             await eventually(lambda: settled(a, b), 15)
-        finally:
-            await a.stop()
-            await b.stop()
 
 
 async def test_sharing_is_off_without_the_setting_or_the_collector():
