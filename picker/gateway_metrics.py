@@ -265,12 +265,14 @@ class _CoordinationCollector(Collector):
         dropped.add_metric(["send_failed"], float(s.send_failed))
         yield dropped
         if c.scrapes is not None:
-            yield from _scrape_sharing(name, s.scrapes_sent, c.scrapes)
+            yield from _scrape_sharing(s.scrapes_sent, c.scrapes)
 
 
-def _scrape_sharing(name: str, sent: int, scrapes: SharedScrapes) -> Iterator[Metric]:
+def _scrape_sharing(sent: int, scrapes: SharedScrapes) -> Iterator[Metric]:
     """Shared scrape results (spec.coordination.shareScrapes); this replica's own scrapes
     stay in igw_pod_scrapes_total."""
+    # spelled out here, not passed in: the dashboard tests read the names from this source
+    name = f"{PREFIX}_coordination"
     pods = GaugeMetricFamily(
         f"{name}_scrape_pods", "Pods by who scrapes them for this replica: owner (this "
         "replica, sharing the results), shared (their owner; results received), fallback "

@@ -14,6 +14,7 @@ import sys
 import time
 
 from igw.admin_client import format_coordination, status
+from tests.docker_env import METRICS_MODULE, defined_series, exposed
 from tests.procs import gateway, gateway_config, sim_fleet
 from tests.test_coordination_support import redis_server
 from tests.test_reliability_support import Load, chat_body, picker_metrics, wait_for
@@ -88,3 +89,7 @@ def test_redis_killed_and_restarted_under_load_fails_no_request(tmp_path):
                    for m in metrics) > 0
         # while Redis was down, whoever did not own a pod scraped it itself
         assert sum(m["igw_coordination_scrape_fallbacks_total"] for m in metrics) > 0
+        # the dashboard tests read series names from gateway_metrics.py's source: a
+        # coordinated picker must expose none they cannot see there
+        names = {k.partition("{")[0] for m in metrics for k in m if k.startswith("igw_")}
+        assert names <= exposed(defined_series(METRICS_MODULE.read_text())), names

@@ -73,6 +73,9 @@ def test_metric_names_are_parsed_from_the_metrics_module() -> None:
     assert names["igw_coordination_live_replicas"] == "gauge"
     assert names["igw_coordination_events_received"] == "counter"
     assert names["igw_coordination_dropped_events"] == "counter"
+    assert names["igw_coordination_scrape_pods"] == "gauge"
+    assert names["igw_coordination_shared_scrapes_received"] == "counter"
+    assert names["igw_coordination_scrape_fallbacks"] == "counter"
     assert "igw_requests_total" in exposed(names)
     assert "igw_scheduling_duration_seconds_bucket" in exposed(names)
 
