@@ -28,11 +28,12 @@ pools and the L4 front gives every *new connection* the next replica in strict r
 (`_Front`), so the split is per connection, not per request. Uncoordinated, a replica never
 hears of the others' requests. Coordinated (`coordinated=True`), each replica runs the
 gateway's coordination code with Redis replaced by a delay: the director's `Outbox`, flushed
-`flushInterval` (contract.config `CoordinationConfig`, 10 ms) after the first event of a batch
-through the codec (`encode_batches` / `decode_batch`), each entry reaching every other replica
-`rtt_s` later, where `Folder` folds it (`Scheduler.on_remote_dispatch`, `Replicas` releasing
-through `on_remote_complete`); heartbeats and the sweep every `heartbeatInterval`; a fold wakes
-the receiver's admission waiters as the scheduler's listener does live. With
+`flushInterval` (contract.config `CoordinationConfig`, 10 ms; `flush_interval_s` sets another)
+after the first event of a batch through the codec (`encode_batches` / `decode_batch`), each
+entry reaching every other replica `rtt_s` later, where `Folder` folds it
+(`Scheduler.on_remote_dispatch`, `Replicas` releasing through `on_remote_complete`);
+heartbeats and the sweep every `heartbeatInterval`; a fold wakes the receiver's admission
+waiters as the scheduler's listener does live. With
 `share_scrapes=True` the replicas also share scrape results (`SharedScrapes`: one owner per pod
 scrapes it and its result travels in the same batches; the others skip their scrape while it
 is fresh). One replica never coordinates (no one to coordinate with), as live.
@@ -48,6 +49,7 @@ rotation by a few). Same seed, same plan: the same result.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -230,7 +232,8 @@ class Twin:
 
     def __init__(self, plan: Plan, profile: str = "llm-d", seed: int = 0, *, replicas: int = 1,
                  coordinated: bool = False, share_scrapes: bool = False,
-                 rtt_s: float = REDIS_RTT_S, clients: int = CLIENTS) -> None:
+                 flush_interval_s: float | None = None, rtt_s: float = REDIS_RTT_S,
+                 clients: int = CLIENTS) -> None:
         if share_scrapes and not coordinated:
             raise ValueError("shared scrape results need coordinated replicas")
         self.plan = plan
@@ -240,9 +243,12 @@ class Twin:
         self.config = GatewayConfig(schedulers=tuple(
             _scheduler_config(i, pool.model, pool.pods, profile, self.scale)
             for i, pool in enumerate(plan.pools)))
-        # one replica has no one to coordinate with (the live bench runs it uncoordinated)
-        self.coordination = CoordinationConfig(url="redis://twin", share_scrapes=share_scrapes) \
-            if coordinated and replicas > 1 else None
+        # one replica has no one to coordinate with (the live bench runs it uncoordinated);
+        # flushInterval as configured unless given (0 with rtt_s 0: coordination without delay)
+        settings = CoordinationConfig(url="redis://twin", share_scrapes=share_scrapes)
+        if flush_interval_s is not None:
+            settings = dataclasses.replace(settings, flush_interval_s=flush_interval_s)
+        self.coordination = settings if coordinated and replicas > 1 else None
         self.rtt_s = rtt_s
         self.front = _Front(plan, replicas, clients)
         specs = {s.name: s for s in parse_fleet({"pods": plan.pods}).pods}

@@ -76,6 +76,15 @@ def test_coordinated_replicas_keep_prefix_affinity() -> None:
         assert gateway.link.folder.unresolved == 0
 
 
+def test_coordination_slower_than_the_plan_is_no_coordination() -> None:
+    """The delay is modelled: batches that leave after the last request are never folded in
+    time, and four such replicas route exactly as uncoordinated ones."""
+    plan = SCENARIOS["prefix"].plan(1, 3.0)
+    alone = Twin(plan, replicas=4, seed=1).run()
+    late = Twin(plan, replicas=4, seed=1, coordinated=True, flush_interval_s=60.0).run()
+    assert late.pods == alone.pods and late.ttft_s == alone.ttft_s
+
+
 def test_shared_scrapes_leave_each_pod_one_scraper() -> None:
     plan = SCENARIOS["mixed"].plan(0, 2.0)
     shared = Twin(plan, replicas=2, coordinated=True, share_scrapes=True)
