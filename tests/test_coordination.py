@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from contract.config import GatewayConfig, parse_config
+from picker.cancellation import cancel_and_wait
 from picker.coordination.codec import (
     COMPLETE,
     DISPATCH,
@@ -227,8 +228,8 @@ async def test_a_killed_replica_stops_counting_within_the_stated_bound():
             for i in range(5):
                 a.route(long_prompt(f"k{i}"))
             await eventually(lambda: b.inflight() == 5, 2.0)
-            for task in a.coordinator._tasks:  # killed: no bye, no more heartbeats
-                task.cancel()
+            # killed: no bye, no more heartbeats (cancelled to the end: picker.cancellation)
+            await cancel_and_wait(a.coordinator._tasks, TASKS_END_TIMEOUT_S)
             killed = time.monotonic()
             await eventually(lambda: b.inflight() == 0, 5.0)
             bound = settings.replica_timeout_s + settings.heartbeat_interval_s

@@ -25,6 +25,7 @@ import orjson
 import pytest
 
 from contract.config import GatewayConfig, MetricsConfig, parse_config
+from picker.cancellation import cancel_and_wait
 from picker.coordination import Coordinator
 from picker.coordination.codec import (
     DISPATCH,
@@ -36,6 +37,7 @@ from picker.coordination.codec import (
     decode_batch,
     encode_batches,
 )
+from picker.coordination.coordinator import TASKS_END_TIMEOUT_S
 from picker.coordination.scrapes import (
     FALLBACK,
     FRESH_GAPS,
@@ -300,8 +302,8 @@ class Scraper:
 
     async def kill(self) -> None:
         """Gone without a bye: no more scrapes, entries or heartbeats."""
-        for task in self.coordinator._tasks:
-            task.cancel()
+        # cancel_and_wait: on Python 3.11 one cancel can be lost (picker.cancellation)
+        await cancel_and_wait(self.coordinator._tasks, TASKS_END_TIMEOUT_S)
         await self.collector.stop()
         await self.coordinator.bus.close()
 
