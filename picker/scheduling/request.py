@@ -29,3 +29,7 @@ class SchedulingRequest:
     prefix_hashes: np.ndarray = field(default_factory=lambda: _NO_BLOCKS)
     priority: int = 0
     sheddable: bool = False
+    # Who sent it (a configured tenant's name; "" when tenants are not configured)
+    # and that tenant's fair-share weight: admission orders waiters by them.
+    tenant: str = ""
+    tenant_weight: float = 1.0
