@@ -156,6 +156,18 @@ class CoordinationConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RateLimits:
+    """One tenant's (or one tenant x model's) limits; None: that dimension is unlimited.
+
+    Tokens are what admission reserves: prompt tokens plus `max_tokens`.
+    """
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent_requests: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
     schedulers: tuple[SchedulerConfig, ...]
     name: str = "gateway"
