@@ -438,10 +438,11 @@ class Twin:
         """The director's `complete`: release the request's accounting (and say so to the
         other replicas when coordinated)."""
         now = t / self.scale
-        tp.scheduler.on_complete(sent.row, sent.request, now, now - sent.arrival / self.scale,
+        duration = now - sent.arrival / self.scale
+        tp.scheduler.on_complete(sent.row, sent.request, now, duration,
                                  ok, address=tp.pool.row_address[sent.row])
         if gateway.link is not None:
-            gateway.link.outbox.completed(sent.shared_id)
+            gateway.link.outbox.completed(sent.shared_id, duration if ok else None)
             self._outbox_event(gateway, t)
 
     def _completions(self, pod: _TwinPod, t: float) -> None:

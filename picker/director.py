@@ -253,7 +253,7 @@ class Director:
             address=decision.address,
         )
         if decision.shared_id and self.outbox is not None:
-            self.outbox.completed(decision.shared_id)
+            self.outbox.completed(decision.shared_id, now - decision.started if ok else None)
         self.metrics.completed(pool.name, decision.status)
         queue = self.admission.get(pool.name)
         if queue is not None:

@@ -115,13 +115,41 @@ def test_fold_counts_a_remote_dispatch_like_a_local_one_but_picks():
     assert len(hashes) > 10
     match = remote.state.prefix.match(hashes, remote.pool.table.capacity)
     assert match is not None and match[row_remote] == len(hashes)
-    # its completion releases exactly that, and teaches nothing about the pod's speed
+    # its completion (an older writer's: no duration) releases exactly that, and
+    # teaches nothing about the pod's speed
     (entry,) = encode_batches([(COMPLETE, event[1])], 1, time.time())
     remote.coordinator.folder.fold("a", decode_batch(entry), time.monotonic() + 1, 0.0)
     assert remote.pool.table.inflight[row_remote] == 0
     assert remote.pool.table.outstanding_prefill[row_remote] == 0
     assert remote.state.spt[row_remote] == 0
     assert remote.coordinator.replicas.outstanding() == 0
+
+
+def test_a_remote_success_teaches_speed_from_the_origins_duration_a_failure_nothing():
+    local, remote = _replica("a"), _replica("b")
+    local.director.outbox = local.coordinator.outbox
+    for _ in range(2):
+        local.route(long_prompt("speed"))
+    first, second = local.coordinator.outbox.take()
+    local.director.outbox.completed(first[1], 2.0)
+    local.director.outbox.completed(second[1], None)
+    events = [first, second, *local.coordinator.outbox.take()]
+    (entry,) = encode_batches(events, 0, time.time())
+    batch = decode_batch(entry)
+    assert batch.durations == [2.0, None]
+    remote.coordinator.folder.fold("a", batch, time.monotonic() + 30, 0.0)
+    row, other = remote.row(first[3]), remote.row(second[3])
+    # one sample: the origin's 2 s over the request's tokens, not the 30 s this replica saw
+    assert remote.state.spt[row] == pytest.approx(2.0 / (first[4] + first[5]))
+    assert other == row or remote.state.spt[other] == 0  # the failure taught nothing
+    assert remote.coordinator.replicas.outstanding() == 0
+
+
+@pytest.mark.parametrize("durations", [b'[1.0]', b'[1.0, -1]', b'[1.0, "x"]', b'{"a": 1}'])
+def test_codec_refuses_durations_that_do_not_match_the_completions(durations):
+    meta = b'{"v":1,"t":0,"s":0,"p":[],"d":[],"c":[1,2],"cd":' + durations + b"}"
+    with pytest.raises(CodecError):
+        decode_batch({b"m": meta})
 
 
 def test_fold_skips_unknown_pods_and_counts_them():

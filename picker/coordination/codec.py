@@ -12,8 +12,14 @@ resolves the address with its own O(1) map.
 Events as the request path buffers them (plain tuples, no allocation beyond):
 - `(DISPATCH, request_id, pool, address, prompt_tokens, max_tokens, adapter,
   cached, prefix_hashes)`;
-- `(COMPLETE, request_id)`.
+- `(COMPLETE, request_id, duration_s)`: `duration_s` is the origin's measure of
+  a success (dispatch to end), None for a failure.
 Request ids are per replica (a counter); (replica, id) is unique.
+
+Completions travel as `c`, their ids, and `cd`, their durations aligned with
+`c` (null: none); an older reader ignores `cd` and a batch without it (an
+older writer) decodes to no durations, so a rolling upgrade keeps working and
+only the speed learning from other replicas' requests waits for it.
 
 Shared scrape results (picker.coordination.scrapes) ride in the same entries:
 `k` in the metadata names the signals the entry's results carry, once, and
@@ -57,6 +63,8 @@ MAX_ADAPTER_NAME = 256
 MAX_ERROR_CHARS = 200
 # A result older than this is refused (no pool's staleAfter comes near it).
 MAX_SCRAPE_AGE_S = 3600.0
+# A completion's duration beyond this is refused (no routeTimeout comes near it).
+MAX_DURATION_S = 86_400.0
 
 HASH_DTYPE = np.dtype("<u8")
 _NO_HASHES = np.empty(0, dtype=HASH_DTYPE)
@@ -101,6 +109,8 @@ class Batch:
     completions: list[int] = field(default_factory=list)
     bye: bool = False
     scrapes: list[SharedScrape] = field(default_factory=list)
+    # Aligned with `completions`: the origin's duration of each success (None: none known).
+    durations: list[float | None] = field(default_factory=list)
 
 
 def encode_batches(
@@ -139,10 +149,13 @@ def _encode_one(
     pods: dict[tuple[str, str], int] = {}
     dispatches: list[list[Any]] = []
     completions: list[int] = []
+    durations: list[float | None] = []
     hashes: list[np.ndarray] = []
     for event in events:
         if event[0] == COMPLETE:
             completions.append(event[1])
+            duration = event[2] if len(event) > 2 else None
+            durations.append(None if duration is None else round(duration, 4))
             continue
         _, rid, pool, address, prompt, output, adapter, cached, blocks = event
         pod = pods.setdefault((pool, address), len(pods))
@@ -157,6 +170,8 @@ def _encode_one(
         "d": dispatches,
         "c": completions,
     }
+    if any(d is not None for d in durations):
+        meta["cd"] = durations
     if scrapes:
         meta["k"], meta["r"] = _encode_scrapes(scrapes, pods)
         meta["p"] = [list(k) for k in pods]
@@ -226,13 +241,26 @@ def decode_batch(fields: dict[bytes, bytes]) -> Batch:
         if offset != len(all_hashes):
             raise CodecError("prefix hashes do not match the dispatches' block counts")
         completions = [int(c) for c in meta["c"]]
+        durations = _decode_durations(meta.get("cd"), len(completions))
         scrapes = _decode_scrapes(meta, pods)
         return Batch(float(meta["t"]), int(meta["s"]), dispatches, completions,
-                     fields.get(b"bye") == b"1", scrapes)
+                     fields.get(b"bye") == b"1", scrapes, durations)
     except CodecError:
         raise
     except (KeyError, ValueError, TypeError, IndexError) as exc:  # JSONDecodeError is a ValueError
         raise CodecError(f"not a batch: {type(exc).__name__}: {exc}") from None
+
+
+def _decode_durations(raw: Any, count: int) -> list[float | None]:
+    """The completions' durations (`cd`); all None when the writer sent none."""
+    if raw is None:
+        return [None] * count
+    if not isinstance(raw, list) or len(raw) != count:
+        raise CodecError("completion durations do not match the completions")
+    for d in raw:
+        if d is not None and not (_number(d) and 0.0 <= d <= MAX_DURATION_S):
+            raise CodecError(f"completion duration {d!r} out of range")
+    return [None if d is None else float(d) for d in raw]
 
 
 def _decode_scrapes(meta: dict[str, Any], pods: list[tuple[str, str]]) -> list[SharedScrape]:

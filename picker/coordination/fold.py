@@ -4,7 +4,9 @@ A remote dispatch goes through the same bookkeeping as a local one
 (`Scheduler.on_remote_dispatch`: in-flight, dispatched since scrape,
 outstanding prefill/decode tokens, since-scrape tokens, prefill backlog,
 prefix index, adapter residency, pool mean sizes) except what only the origin
-should learn: its `picks` counter and, on completion, the observed speed. The
+should count: its `picks` counter. A completion teaches the pod's speed from
+the origin's own measured duration (carried in the batch), never from this
+replica's view of it, which includes two flush delays. The
 pod is found by pool name and address through the pool's O(1) map; a pod this
 replica does not know (discovery not caught up, or a different config) is
 skipped and counted. Times are this replica's: a dispatch counts from when it
@@ -64,8 +66,8 @@ class Folder:
             max_age = pool.config.route_timeout_s + replicas.timeout_s
             item = Outstanding(sched, sched.state, pod.row, d.address, req, now, max_age)
             replicas.add(peer, d.request_id, item, now)
-        for request_id in batch.completions:
-            replicas.complete(peer, request_id, now)
+        for request_id, duration in zip(batch.completions, batch.durations, strict=True):
+            replicas.complete(peer, request_id, now, duration)
         self.events += len(batch.dispatches) + len(batch.completions)
         if batch.scrapes and self.scrapes is not None:
             self._fold_scrapes(self.scrapes, batch.scrapes, now, age_s)

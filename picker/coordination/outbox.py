@@ -53,8 +53,10 @@ class Outbox:
                     req.max_tokens, req.adapter, cached, req.prefix_hashes))
         return self._next_id
 
-    def completed(self, request_id: int) -> None:
-        self._push((COMPLETE, request_id))
+    def completed(self, request_id: int, duration_s: float | None = None) -> None:
+        """Record a local completion; `duration_s` (dispatch to end, this replica's clock)
+        when it succeeded: the others learn the pod's speed from it."""
+        self._push((COMPLETE, request_id, duration_s))
 
     def _push(self, event: Event) -> None:
         events = self._events

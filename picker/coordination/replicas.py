@@ -56,11 +56,12 @@ class Outstanding:
     counted_at: float  # local monotonic time of the fold
     max_age_s: float
 
-    def release(self, now: float) -> None:
+    def release(self, now: float, origin_duration_s: float | None = None) -> None:
         # A reload may have given the pool a new state (new rows): nothing to undo there.
         if self.scheduler.state is self.state:
             self.scheduler.on_remote_complete(
-                self.row, self.request, now, now - self.counted_at, self.address
+                self.row, self.request, now, now - self.counted_at, self.address,
+                origin_duration_s,
             )
 
 
@@ -103,10 +104,11 @@ class Replicas:
             outstanding.pop(oldest).release(now)
             self.released_aged += 1
 
-    def complete(self, peer: Peer, request_id: int, now: float) -> None:
+    def complete(self, peer: Peer, request_id: int, now: float,
+                 origin_duration_s: float | None = None) -> None:
         item = peer.outstanding.pop(request_id, None)
         if item is not None:  # unknown: counted before we heard, or already released
-            item.release(now)
+            item.release(now, origin_duration_s)
 
     def leave(self, name: str, now: float) -> None:
         """`name` is gone (its bye, or silence): release all it had in flight."""

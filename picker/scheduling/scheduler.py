@@ -171,14 +171,18 @@ class Scheduler:
         self._notify()
 
     def on_remote_complete(
-        self, row: int, req: SchedulingRequest, now: float, duration_s: float, address: str
+        self, row: int, req: SchedulingRequest, now: float, duration_s: float, address: str,
+        origin_duration_s: float | None = None,
     ) -> None:
         """Another replica's request on `row` ended (or its replica died): release its
-        work; nothing is learned about the pod's speed. `duration_s` is measured from
-        when this replica counted the dispatch."""
+        work. `duration_s` is measured from when this replica counted the dispatch;
+        `origin_duration_s`, the origin's own measure of a success, teaches the pod's
+        speed as a local one does (None: a failure, an aged-out request or an older
+        replica, nothing learned)."""
         if self.pool.row_address[row] != address:
             return
-        self.state.on_complete(row, req, duration_s, True, now=now, remote=True)
+        self.state.on_complete(row, req, duration_s, True, now=now, remote=True,
+                               origin_duration_s=origin_duration_s)
         self._notify()
 
     def _notify(self) -> None:

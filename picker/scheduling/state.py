@@ -168,15 +168,20 @@ class PoolState:
         now: float | None = None,
         *,
         remote: bool = False,
+        origin_duration_s: float | None = None,
     ) -> None:
         """Release the request's work; learn the pod's observed speed from a success.
 
         A request that ended before any scrape saw it is taken out of the
         since-scrape counts too: it will never show up in `waiting`, and left
         there it would make the pod look busier than it is until the next scrape.
-        `remote` (another replica's request): its work is released, but the speed
-        sample is the origin's to learn (its duration includes that replica's own
-        path, and this replica only knows when the completion reached it).
+        `remote` (another replica's request): its work is released, and the speed
+        sample is the origin's measured duration (`origin_duration_s`), never
+        this replica's `duration_s`, which only says when the completion reached
+        it. Without the origin's measure nothing is learned. Every replica then
+        learns from all the pod's traffic: with N replicas, learning from its own
+        share only, a replica's speeds lagged N times behind (measured: a mixed
+        SGLang fleet at 90 % load, +24 % TTFT p95 at N = 4 in the twin).
         """
         self.sync()
         t = self.pool.table
@@ -189,8 +194,9 @@ class PoolState:
         t.outstanding_decode[row] = max(0.0, t.outstanding_decode[row] - req.max_tokens)
         out = req.max_tokens if output_tokens is None else output_tokens
         tokens = max(req.prompt_tokens, 0) + max(out, 0)
-        if ok and not remote and tokens > 0 and duration_s > 0:
-            self.spt[row] = _ewma(self.spt[row], duration_s / tokens, POD_EWMA_ALPHA)
+        sample_s = origin_duration_s if remote else duration_s
+        if ok and sample_s is not None and tokens > 0 and sample_s > 0:
+            self.spt[row] = _ewma(self.spt[row], sample_s / tokens, POD_EWMA_ALPHA)
 
     # -- derived signals ------------------------------------------------------------
 
