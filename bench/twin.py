@@ -539,7 +539,8 @@ class Twin:
         scrapes = link.outbox.take_scrapes(now)
         if not events and not scrapes and not beat:
             return
-        entries = encode_batches(events, link.seq, now, scrapes=scrapes)
+        entries = encode_batches(events, link.seq, now, scrapes=scrapes,
+                                 shares_scrapes=link.shares is not None)
         link.seq += len(entries)
         for other in self.gateways:
             if other is not gateway:

@@ -181,6 +181,14 @@ def test_codec_cuts_what_a_receiver_would_refuse():
     assert second.snapshot is not None and Signal.QUEUE_TIME_SUM not in second.snapshot.values
 
 
+def test_codec_says_whether_its_writer_shares_scrapes():
+    (sharing,) = encode_batches([], 0, 1.0)
+    (alone,) = encode_batches([], 0, 1.0, shares_scrapes=False)
+    assert decode_batch(sharing).shares_scrapes and not decode_batch(alone).shares_scrapes
+    with pytest.raises(CodecError):
+        decode_batch({b"m": b'{"v":1,"t":0,"s":0,"p":[],"d":[],"c":[],"ns":1}'})
+
+
 def test_an_entry_of_an_older_writer_has_no_scrapes():
     meta = {"v": 1, "t": 1.0, "s": 0, "p": [], "d": [], "c": []}
     assert decode_batch({b"m": orjson.dumps(meta)}).scrapes == []
@@ -592,6 +600,34 @@ async def test_with_redis_down_every_replica_scrapes_every_pod_and_sharing_comes
             assert max(max_row_age(a), max_row_age(b)) < 0.3
             redis.start()
             await eventually(lambda: settled(a, b), 15)
+
+
+async def test_a_replica_that_does_not_share_is_left_no_pod(stand_ins):
+    """One replica configured `shareScrapes: false` beside one that shares: the sharing
+    one owns every pod (no fallbacks), the other scrapes every pod itself."""
+    addresses = [p.address for p in stand_ins]
+    with redis_server() as redis:
+        prefix = f"igw-test-{time.monotonic_ns()}"
+        on = Scraper.make(scrape_config(addresses, redis.url, prefix=prefix), "a")
+        off = Scraper.make(scrape_config(addresses, redis.url, prefix=prefix,
+                                         shareScrapes=False), "b")
+        for r in (on, off):
+            r.start()
+        try:
+            await eventually(lambda: on.coordinator.replicas.live(time.monotonic()) == ["b"]
+                             and off.coordinator.replicas.live(time.monotonic()) == ["a"], 10)
+            await asyncio.sleep(3 * MEMBERS_REFRESH_S)
+            before = {x: (on.own_scrapes(x), off.own_scrapes(x)) for x in addresses}
+            fallbacks = on.sharing.stats.fallbacks
+            await asyncio.sleep(0.5)
+            assert on.sharing.ownership.members == ("a",)
+            assert on.roles()[OWNER] == PODS and on.sharing.stats.fallbacks == fallbacks
+            for x in addresses:
+                assert on.own_scrapes(x) > before[x][0] + 3, x
+                assert off.own_scrapes(x) > before[x][1] + 3, x
+        finally:
+            for r in (on, off):
+                await r.stop()
 
 
 async def test_sharing_is_off_without_the_setting_or_the_collector():

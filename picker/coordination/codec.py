@@ -29,7 +29,10 @@ for a vLLM page. `age_s` is the time since the scrape on the owner's
 monotonic clock when the entry was encoded; the receiver adds the entry's
 transit (its wall clocks) to judge staleness. An older reader ignores `k` and
 `r` (so dispatch sharing survives a rolling upgrade); this version refuses
-an entry whose results break any bound or type below (CodecError).
+an entry whose results break any bound or type below (CodecError). `ns`
+(true) says its writer does not share scrape results (`shareScrapes: false`):
+the others must not leave any pod to it (picker.coordination.scrapes); absent
+means it shares.
 """
 
 from __future__ import annotations
@@ -111,11 +114,12 @@ class Batch:
     scrapes: list[SharedScrape] = field(default_factory=list)
     # Aligned with `completions`: the origin's duration of each success (None: none known).
     durations: list[float | None] = field(default_factory=list)
+    shares_scrapes: bool = True  # its writer publishes the scrapes of the pods it owns
 
 
 def encode_batches(
     events: Sequence[Event], seq: int, sent_at: float, bye: bool = False,
-    scrapes: Sequence[SharedScrape] = (),
+    scrapes: Sequence[SharedScrape] = (), shares_scrapes: bool = True,
 ) -> list[dict[bytes, bytes]]:
     """Stream entries for `events` (in order) and `scrapes`, split at the batch bounds;
     at least one entry even when both are empty (that one is a heartbeat, or the bye)."""
@@ -136,7 +140,7 @@ def encode_batches(
         shared += len(chunk)
         last = end >= len(events) and shared >= len(scrapes)
         entries.append(_encode_one(events[start:end], seq + len(entries), sent_at, bye and last,
-                                   chunk))
+                                   chunk, shares_scrapes))
         if last:
             return entries
         start = end
@@ -144,7 +148,7 @@ def encode_batches(
 
 def _encode_one(
     events: Sequence[Event], seq: int, sent_at: float, bye: bool,
-    scrapes: Sequence[SharedScrape] = (),
+    scrapes: Sequence[SharedScrape] = (), shares_scrapes: bool = True,
 ) -> dict[bytes, bytes]:
     pods: dict[tuple[str, str], int] = {}
     dispatches: list[list[Any]] = []
@@ -172,6 +176,8 @@ def _encode_one(
     }
     if any(d is not None for d in durations):
         meta["cd"] = durations
+    if not shares_scrapes:
+        meta["ns"] = True
     if scrapes:
         meta["k"], meta["r"] = _encode_scrapes(scrapes, pods)
         meta["p"] = [list(k) for k in pods]
@@ -243,8 +249,11 @@ def decode_batch(fields: dict[bytes, bytes]) -> Batch:
         completions = [int(c) for c in meta["c"]]
         durations = _decode_durations(meta.get("cd"), len(completions))
         scrapes = _decode_scrapes(meta, pods)
+        not_sharing = meta.get("ns", False)
+        if type(not_sharing) is not bool:
+            raise CodecError(f"ns must be a boolean, not {not_sharing!r}")
         return Batch(float(meta["t"]), int(meta["s"]), dispatches, completions,
-                     fields.get(b"bye") == b"1", scrapes, durations)
+                     fields.get(b"bye") == b"1", scrapes, durations, not not_sharing)
     except CodecError:
         raise
     except (KeyError, ValueError, TypeError, IndexError) as exc:  # JSONDecodeError is a ValueError

@@ -197,7 +197,8 @@ class Coordinator:
         if not events and not scrapes and not beat and not bye:
             return
         wall = time.time()
-        entries = encode_batches(events, self._seq, wall, bye=bye, scrapes=scrapes)
+        entries = encode_batches(events, self._seq, wall, bye=bye, scrapes=scrapes,
+                                 shares_scrapes=self.settings.share_scrapes)
         try:
             await self.bus.publish(entries, heartbeat_at=wall if beat else None)
         except BusError:

@@ -15,7 +15,8 @@ was folded, so a completion's duration is measured on one clock.
 A shared scrape result (the batch's `scrapes`) goes to picker.coordination.scrapes,
 which writes it into the pod's row through the collector's own path; without
 scrape sharing here (`shareScrapes: false`) they are ignored: this replica
-scrapes every pod itself.
+scrapes every pod itself, and its entries say so, so no other replica leaves a
+pod to it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Folder:
         """Apply one batch of `replica`, received at local time `now`, `age_s` old."""
         replicas = self.replicas
         peer = replicas.heard(replica, now, age_s)
+        peer.shares_scrapes = batch.shares_scrapes
         pools = self.director.datastore.pools
         schedulers = self.director.schedulers
         for d in batch.dispatches:

@@ -69,6 +69,7 @@ class Outstanding:
 class Peer:
     name: str
     last_heard: float
+    shares_scrapes: bool = True  # as its latest entry said
     outstanding: dict[int, Outstanding] = field(default_factory=dict)
 
 
@@ -144,6 +145,11 @@ class Replicas:
     def live(self, now: float) -> list[str]:
         """Peers heard within the timeout (this replica not included)."""
         return sorted(p.name for p in self.peers.values() if now - p.last_heard <= self.timeout_s)
+
+    def scrape_owners(self, now: float) -> list[str]:
+        """Live peers that publish the scrapes of the pods they own (this one not included)."""
+        return sorted(p.name for p in self.peers.values()
+                      if p.shares_scrapes and now - p.last_heard <= self.timeout_s)
 
     def outstanding(self) -> int:
         return sum(len(p.outstanding) for p in self.peers.values())

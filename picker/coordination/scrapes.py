@@ -4,8 +4,9 @@ Without sharing, N coordinated replicas scrape every pod N times as often as one
 would (docs/benchmarks.md, Scraping: 77 scrapes/s per pod at N = 4, and a real
 vLLM renders its page on its serving loop). With it (`shareScrapes`, the default):
 
-- Ownership: each pod has one owner among the live replicas (this one included,
-  as picker.coordination.replicas hears them), chosen by rendezvous
+- Ownership: each pod has one owner among the live replicas that share their
+  scrapes (this one included, as picker.coordination.replicas hears them; one
+  configured `shareScrapes: false` says so in its entries), chosen by rendezvous
   (highest-random-weight) hashing of (pod address, replica id). Every replica
   computes the same owner from the same live set without talking about it, and
   a replica that joins or leaves moves only the pods it takes or held (about
@@ -230,7 +231,7 @@ class SharedScrapes:
     def _owns(self, address: str, now: float) -> bool:
         if now - self._members_at >= MEMBERS_REFRESH_S:
             self._members_at = now
-            if self.ownership.set_members(self.replicas.live(now)):
+            if self.ownership.set_members(self.replicas.scrape_owners(now)):
                 log.debug("coordination scrape owners recomputed replicas=%s",
                           ",".join(self.ownership.members))
         return self.ownership.owner(address) == self.ownership.me
