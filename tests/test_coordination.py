@@ -11,6 +11,7 @@ import pytest
 
 from contract.config import GatewayConfig, parse_config
 from picker.cancellation import cancel_and_wait
+from picker.coordination.clock import REFRESH_S, ServerClock, entry_time_s
 from picker.coordination.codec import (
     COMPLETE,
     DISPATCH,
@@ -352,3 +353,24 @@ async def test_stop_ends_even_when_a_loop_loses_its_cancellation():
         await replica.coordinator.stop()
         assert lost and all(t.done() for t in tasks)
         assert time.monotonic() - start < TASKS_END_TIMEOUT_S  # ended, not given up on
+
+
+# -- the server clock -----------------------------------------------------------------------
+
+
+def test_the_server_clock_keeps_the_fastest_round_trip_and_ages_on_the_servers_time():
+    clock = ServerClock()
+    assert clock.age_s(b"1000-0", 1005.0, 1004.0) == 1.0  # no offset yet: the writer's clock
+    clock.observe(100.0, 100.2, b"101100-0")  # server 1.0 s ahead, +- 0.1 s
+    clock.observe(101.0, 101.01, b"102005-3")  # faster: server 1.0 s ahead, +- 5 ms
+    clock.observe(102.0, 102.5, b"103900-0")  # slower and recent: not taken
+    assert clock.offset_s == pytest.approx(1.0) and clock.rtt_s == pytest.approx(0.01)
+    # another host's entry, appended at server time 110.0, read at local wall 109.5
+    assert clock.age_s(b"110000-0", 109.5, 0.0) == pytest.approx(0.5)
+    assert clock.age_s(b"120000-0", 109.5, 0.0) == 0.0  # never negative
+    clock.observe(102.0 + REFRESH_S, 102.6 + REFRESH_S, b"112600-0")  # the best grew old
+    assert clock.rtt_s == pytest.approx(0.6)
+    for bad in (b"garbage", b"12a-0", b""):
+        assert entry_time_s(bad) is None
+        clock.observe(0.0, 1.0, bad)  # ignored
+    assert clock.rtt_s == pytest.approx(0.6)

@@ -284,12 +284,14 @@ class Scraper:
     coordinator: Coordinator
 
     @classmethod
-    def make(cls, config: GatewayConfig, name: str) -> Scraper:
+    def make(cls, config: GatewayConfig, name: str, skew_s: float = 0.0) -> Scraper:
+        """`skew_s`: this replica's host wall clock is that far ahead of the others'."""
         datastore = Datastore(config)
         director = Director(datastore, GatewayMetrics())
         collector = MetricsCollector(datastore)
         return cls(name, datastore, collector,
-                   Coordinator(config, director, replica=name, collector=collector))
+                   Coordinator(config, director, replica=name, collector=collector,
+                               wall_clock=lambda: time.time() + skew_s))
 
     @property
     def pool(self) -> Pool:
@@ -627,6 +629,31 @@ async def test_a_replica_that_does_not_share_is_left_no_pod(stand_ins):
                 assert off.own_scrapes(x) > before[x][1] + 3, x
         finally:
             for r in (on, off):
+                await r.stop()
+
+
+async def test_host_clock_skew_neither_ages_results_nor_kills_peers(stand_ins):
+    """Replica b's wall clock 2 s ahead (beyond replicaTimeout, 18x the freshness
+    window): entries are aged on the Redis server's clock, so the pair settles as
+    with synchronised hosts; by the wall clocks b would judge a dead and a's results
+    late (every pod b does not own in fallback)."""
+    addresses = [p.address for p in stand_ins]
+    with redis_server() as redis:
+        prefix = f"igw-test-{time.monotonic_ns()}"
+        a = Scraper.make(scrape_config(addresses, redis.url, prefix=prefix), "a")
+        b = Scraper.make(scrape_config(addresses, redis.url, prefix=prefix), "b", skew_s=2.0)
+        for r in (a, b):
+            r.start()
+        try:
+            await eventually(lambda: settled(a, b), 10)
+            fallbacks = a.sharing.stats.fallbacks + b.sharing.stats.fallbacks
+            await asyncio.sleep(1.0)
+            assert settled(a, b)
+            assert a.sharing.stats.fallbacks + b.sharing.stats.fallbacks <= fallbacks + 2
+            assert abs(b.coordinator.clock.offset_s + 2.0) < 0.05
+            assert b.coordinator.stats.lag_s < 0.3 and a.coordinator.stats.lag_s < 0.3
+        finally:
+            for r in (a, b):
                 await r.stop()
 
 

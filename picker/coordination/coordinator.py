@@ -26,7 +26,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from contract.config import CoordinationConfig, GatewayConfig
 from picker.cancellation import cancel_and_wait
 from picker.coordination import snapshot
 from picker.coordination.bus import Bus, BusError
+from picker.coordination.clock import ServerClock
 from picker.coordination.codec import CodecError, decode_batch, encode_batches
 from picker.coordination.fold import Folder
 from picker.coordination.outbox import Outbox
@@ -77,7 +78,7 @@ class Coordinator:
 
     def __init__(
         self, config: GatewayConfig, director: Director, replica: str | None = None,
-        collector: MetricsCollector | None = None,
+        collector: MetricsCollector | None = None, wall_clock: Callable[[], float] = time.time,
     ) -> None:
         assert config.coordination is not None
         self.settings: CoordinationConfig = config.coordination
@@ -95,6 +96,9 @@ class Coordinator:
         self.bus = Bus(self.settings, config.coordination_prefix, self.replica,
                        block_s=self.settings.heartbeat_interval_s)
         self.positions: dict[str, bytes] = {}
+        # Entries are aged on the Redis server's clock (picker.coordination.clock).
+        self.clock = ServerClock()
+        self._wall = wall_clock
         self._seq = 0
         self._warmed = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -196,7 +200,7 @@ class Coordinator:
         scrapes = self.outbox.take_scrapes(time.monotonic())
         if not events and not scrapes and not beat and not bye:
             return
-        wall = time.time()
+        wall = self._wall()
         entries = encode_batches(events, self._seq, wall, bye=bye, scrapes=scrapes,
                                  shares_scrapes=self.settings.share_scrapes)
         try:
@@ -204,6 +208,7 @@ class Coordinator:
         except BusError:
             self.stats.send_failed += len(events)
             raise
+        self.clock.observe(wall, self._wall(), self.bus.last_written)
         self._seq += len(entries)
         self.stats.batches_sent += len(entries)
         self.stats.events_sent += len(events)
@@ -221,7 +226,7 @@ class Coordinator:
                 await asyncio.sleep(max(0.0, next_peers - loop.time()))
                 continue
             entries = await self.bus.read(self.positions)
-            now, wall = time.monotonic(), time.time()
+            now, wall = time.monotonic(), self._wall()
             for replica, entry_id, fields in entries:
                 self.positions[replica] = entry_id
                 try:
@@ -230,7 +235,7 @@ class Coordinator:
                     self.stats.decode_errors += 1
                     log.debug("coordination entry skipped replica=%s: %s", replica, exc)
                     continue
-                age = max(0.0, wall - batch.sent_at)
+                age = self.clock.age_s(entry_id, wall, batch.sent_at)
                 self.folder.fold(replica, batch, now, age)
                 self.stats.batches_received += 1
                 self.stats.events_received += len(batch.dispatches) + len(batch.completions)
@@ -238,7 +243,7 @@ class Coordinator:
 
     async def _refresh_peers(self) -> None:
         """Streams to read: every registered peer (a new one from its beginning)."""
-        peers = set(await self.bus.peers(time.time()))
+        peers = set(await self.bus.peers(self._wall()))
         for name in [n for n in self.positions if n not in peers]:
             del self.positions[name]
         for name in peers:
@@ -249,7 +254,7 @@ class Coordinator:
         while True:
             await asyncio.sleep(interval * random.uniform(0.8, 1.2))
             positions = {**self.positions, self.replica: self.bus.last_written}
-            fields = snapshot.build(self.director, positions, time.monotonic(), time.time())
+            fields = snapshot.build(self.director, positions, time.monotonic(), self._wall())
             await self.bus.put_snapshot(fields, ttl_s=3 * interval)
 
     # -- liveness ----------------------------------------------------------------------
