@@ -229,7 +229,8 @@ class _CoordinationCollector(Collector):
              "included.", float(len(c.replicas.live(now)) + 1)),
             ("remote_inflight_requests", "Other replicas' requests counted in this "
              "replica's in-flight state.", float(c.replicas.outstanding())),
-            ("lag_seconds", "Age (sender's clock) of the newest remote batch folded.", s.lag_s),
+            ("lag_seconds", "Age of the newest remote batch folded, on the Redis server's clock "
+             "(picker.coordination.clock).", s.lag_s),
             ("buffered_events", "Events waiting to be sent.", float(len(c.outbox))),
         )
         for suffix, doc, value in gauges:
