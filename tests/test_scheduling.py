@@ -12,6 +12,7 @@ from contract.config import MetricsConfig, SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling import NoCandidates, Scheduler, SchedulingRequest, build_profile
 from picker.scheduling.context import ScoringContext
+from picker.scheduling.lora_home import HOME_SLACK_S
 from picker.scheduling.plugins import SCORERS
 from picker.scheduling.profiles import PROFILES, effective_weights
 from picker.scheduling.scorers.latency import predicted_ttft
@@ -257,6 +258,22 @@ def test_lora_filter_drops_pods_without_a_slot_unless_none_can():
     pool.table.max_lora[4] = 1  # ...and the no-info pod now reports a full slot too
     pool.table.lora_waiting[:] = False
     assert len(sched.pick(req(adapter="ad-c2"), NOW).rows) == 5
+
+
+def test_lora_home_keeps_an_adapter_where_it_is_while_that_costs_little():
+    pool = _lora_pool()  # ad-a resident on row 0, queued on row 2
+    sched = Scheduler(pool, max_fallbacks=4)
+    assert set(sched.pick(req(adapter="ad-a"), NOW).rows) == {0, 2}
+    assert len(sched.pick(req(), NOW).rows) == 5  # base model: no LoRA filtering
+    reasons = Counter(p["filtered_reason"] for p in sched.explain(req(adapter="ad-a"),
+                                                                  NOW)["pods"])
+    assert reasons == {"": 2, "lora-no-slot": 1, "lora-not-home": 2}
+    # both homes far behind the others (seconds of queued prefill): spill
+    pool.table.waiting[[0, 2]] = 200
+    ctx = ScoringContext(pool, sched.state, req(adapter="ad-a"), np.array([0, 1, 2, 4]), NOW)
+    ttft = predicted_ttft(ctx, 256)
+    assert ttft[[0, 2]].min() > ttft.min() + HOME_SLACK_S
+    assert set(sched.pick(req(adapter="ad-a"), NOW).rows) == {0, 1, 2, 4}
 
 
 # -- picking --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import numpy as np
 
 from contract.config import SchedulerConfig
 from picker.scheduling import filters as _filters  # noqa: F401  (registers the filters)
+from picker.scheduling import lora_home as _lora_home  # noqa: F401  (registers lora-home)
 from picker.scheduling import pickers as _pickers  # noqa: F401  (registers the pickers)
 from picker.scheduling import scorers as _scorers  # noqa: F401  (registers the scorers)
 from picker.scheduling.plugins import FILTERS, PICKERS, SCORERS, Filter, Picker, Scorer
@@ -27,7 +28,7 @@ from picker.scheduling.plugins import FILTERS, PICKERS, SCORERS, Filter, Picker,
 DEFAULT_PROFILE = "llm-d"
 
 BASE_FILTERS: tuple[str, ...] = ("ready", "not-draining", "fresh-metrics")
-SCORING_FILTERS: tuple[str, ...] = (*BASE_FILTERS, "lora")
+SCORING_FILTERS: tuple[str, ...] = (*BASE_FILTERS, "lora", "lora-home")
 
 
 @dataclass(frozen=True)
