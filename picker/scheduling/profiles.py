@@ -28,7 +28,9 @@ from picker.scheduling.plugins import FILTERS, PICKERS, SCORERS, Filter, Picker,
 DEFAULT_PROFILE = "llm-d"
 
 BASE_FILTERS: tuple[str, ...] = ("ready", "not-draining", "fresh-metrics")
-SCORING_FILTERS: tuple[str, ...] = (*BASE_FILTERS, "lora", "lora-home")
+# The reference picker's: no lora-home (ours, docs/benchmarks.md "Kept: lora-home").
+EPP_FILTERS: tuple[str, ...] = (*BASE_FILTERS, "lora")
+SCORING_FILTERS: tuple[str, ...] = (*EPP_FILTERS, "lora-home")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ PROFILES: dict[str, ProfileSpec] = {
     # only (no in-flight correction), so it can be compared as published.
     "epp": ProfileSpec(
         weights={"queue": 2.0, "kvCache": 2.0, "prefix": 3.0},
+        filters=EPP_FILTERS,
         params={
             "queue": {"gap_correction": False},
             "kvCache": {"gap_correction": False},
