@@ -221,6 +221,9 @@ async def _run(items: list[tuple[Scenario, Plan, Plan]], routers, args: argparse
     report = render_report(meta, sections, headline, full)
     out.mkdir(parents=True, exist_ok=True)
     (out / "REPORT.md").write_text(report)
+    from bench.family import update_report
+
+    update_report(out)  # a family run's section (bench/family.py) is kept at the end
     print(f"report: {out / 'REPORT.md'} ({meta['total_wall_s']:.0f} s)", flush=True)
     return 1 if failed else 0
 
@@ -344,6 +347,9 @@ def rerender(out: Path) -> int:
         meta["total_wall_s"] = float(found.group(1)) if found else 0.0
     (out / "REPORT.md").write_text(render_report(meta, sections, headline,
                                                  full=len(headline) >= len(ALL)))
+    from bench.family import update_report
+
+    update_report(out)
     print(f"report: {out / 'REPORT.md'} (re-rendered)")
     return 0
 

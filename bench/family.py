@@ -497,6 +497,10 @@ def _describe_pool(pool: dict[str, Any]) -> str:
     return f"{pool['model']} on {gpus} ({engine}{lora})"
 
 
+FAMILY_HEADING = "## Scenario family"
+FAMILY_PLOT = "family-ratios.png"
+
+
 def run_family(seed: int, count: int, out: Path, twin_only: bool = False) -> dict[str, Any]:
     """`igw bench --family N --seed S`: every scenario's row printed as it ends, then the
     aggregate; family.md and family.json written to `out`. `twin_only` reuses the yardsticks
@@ -515,6 +519,7 @@ def run_family(seed: int, count: int, out: Path, twin_only: bool = False) -> dic
     out.mkdir(parents=True, exist_ok=True)
     (out / "family.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     (out / "family.md").write_text(render_markdown(doc))
+    update_report(out)
     agg = doc["aggregate"]
     print(f"{count} scenarios in {doc['seconds']:.0f} s; gateway/best-ttft p95 median "
           f"{agg['vs_best_ttft']['median']}, p90 {agg['vs_best_ttft']['p90']}, worst "
@@ -548,10 +553,6 @@ def _line(row: dict[str, Any]) -> str:
 def render_markdown(doc: dict[str, Any]) -> str:
     """The family report: the aggregate, the worst scenarios with their parameters, and one
     row per scenario."""
-    agg = doc["aggregate"]
-    by_name = {r["name"]: r for r in doc["scenarios"]}
-    b, rr, y, loads = (agg["vs_best_ttft"], agg["vs_round_robin"], agg["vs_best_yardstick"],
-                       agg["loads_vs_affine"])
     lines = [
         f"# Scenario family: gateway twin vs the replay's yardsticks (seed {doc['seed']}, "
         f"{doc['count']} scenarios)", "",
@@ -559,6 +560,32 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "(bench/family.py, bench/twin.py; method: docs/benchmarks.md, \"Scenario family and "
         "the gateway's twin\"). TTFT in model seconds over the measured requests (the warm-up "
         "is run, not counted); ratios are of TTFT p95.", "",
+        *_summary_lines(doc),
+        "", "| scenario | parameters | gateway p50 / p95 / p99 | best-ttft p95 | "
+        "least-work p95 | adapter-affine p95 | round-robin p95 | x best-ttft | "
+        "x round-robin | x best yardstick | adapter loads gateway / affine / rr |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in doc["scenarios"]:
+        g, yd, r = row["gateway"], row["yardsticks"], row["ratios"]
+        lines.append(
+            f"| {row['name']} | {describe(row['params'])} | {_fmt(g['ttft_p50'])} / "
+            f"{_fmt(g['ttft_p95'])} / {_fmt(g['ttft_p99'])} | "
+            + " | ".join(_fmt(yd[k]["ttft_p95"]) for k in YARDSTICKS)
+            + f" | {_fmt(r['vs_best_ttft'], 2)} | {_fmt(r['vs_round_robin'], 2)} | "
+            f"{_fmt(r['vs_best_yardstick'], 2)} ({r['best_yardstick']}) | {g['adapter_loads']} "
+            f"/ {yd['adapter-affine']['adapter_loads']} / {yd['round-robin']['adapter_loads']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _summary_lines(doc: dict[str, Any]) -> list[str]:
+    """The aggregate table, the adapter loads, and the worst scenarios named: what both
+    family.md and REPORT.md's family section show."""
+    agg = doc["aggregate"]
+    by_name = {r["name"]: r for r in doc["scenarios"]}
+    b, rr, y, loads = (agg["vs_best_ttft"], agg["vs_round_robin"], agg["vs_best_yardstick"],
+                       agg["loads_vs_affine"])
+    lines = [
         "| gateway p95 over | median | 90th percentile | worst | share |",
         "| --- | --- | --- | --- | --- |",
         f"| best-ttft | {_fmt(b['median'], 2)} | {_fmt(b['p90'], 2)} | {_fmt(b['worst'], 2)} "
@@ -576,20 +603,67 @@ def render_markdown(doc: dict[str, Any]) -> str:
         row = by_name[name]
         lines.append(f"- `{name}` ({_fmt(row['ratios']['vs_best_ttft'], 2)}x): "
                      f"{describe(row['params'])}")
-    lines += ["", "| scenario | parameters | gateway p50 / p95 / p99 | best-ttft p95 | "
-              "least-work p95 | adapter-affine p95 | round-robin p95 | x best-ttft | "
-              "x round-robin | x best yardstick | adapter loads gateway / affine / rr |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for row in doc["scenarios"]:
-        g, yd, r = row["gateway"], row["yardsticks"], row["ratios"]
-        lines.append(
-            f"| {row['name']} | {describe(row['params'])} | {_fmt(g['ttft_p50'])} / "
-            f"{_fmt(g['ttft_p95'])} / {_fmt(g['ttft_p99'])} | "
-            + " | ".join(_fmt(yd[k]["ttft_p95"]) for k in YARDSTICKS)
-            + f" | {_fmt(r['vs_best_ttft'], 2)} | {_fmt(r['vs_round_robin'], 2)} | "
-            f"{_fmt(r['vs_best_yardstick'], 2)} ({r['best_yardstick']}) | {g['adapter_loads']} "
-            f"/ {yd['adapter-affine']['adapter_loads']} / {yd['round-robin']['adapter_loads']} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def plot_ratios(doc: dict[str, Any], path: Path) -> bool:
+    """The distribution of the gateway's p95 over best-ttft's and over round-robin's, one
+    empirical CDF each, with the issue's targets marked; False without matplotlib."""
+    from bench.report import _plt
+
+    plt = _plt()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, label, target in (("vs_best_ttft", "over best-ttft", TARGET_RATIO),
+                               ("vs_round_robin", "over round-robin", 1.05)):
+        values = np.sort([r["ratios"][key] for r in doc["scenarios"]
+                          if r["ratios"][key] is not None])
+        if not len(values):
+            continue
+        share = np.arange(1, len(values) + 1) / len(values)
+        line, = ax.step(values, share, where="post", label=f"gateway p95 {label}")
+        ax.axvline(target, color=line.get_color(), linestyle=":", linewidth=1,
+                   label=f"target {target:g}x")
+    ax.set_xscale("log")
+    ax.set_xlabel("gateway TTFT p95 / yardstick's (log scale)")
+    ax.set_ylabel("share of scenarios")
+    ax.set_title(f"Scenario family (seed {doc['seed']}, {doc['count']} scenarios)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.axhline(0.9, color="grey", linestyle=":", linewidth=0.8)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def update_report(out: Path) -> bool:
+    """Put the family's section at the end of `out`/REPORT.md (replacing an older one) and
+    draw its plot, from `out`/family.json; False when there is no family.json."""
+    source = out / "family.json"
+    if not source.exists():
+        return False
+    doc = orjson.loads(source.read_bytes())
+    drawn = plot_ratios(doc, out / FAMILY_PLOT)
+    report = out / "REPORT.md"
+    text = report.read_text() if report.exists() else ""
+    cut = text.find(f"\n{FAMILY_HEADING}")
+    text = (text if cut < 0 else text[:cut]).rstrip("\n")
+    section = [
+        f"{FAMILY_HEADING} (seed {doc['seed']}, {doc['count']} scenarios, the gateway's twin)",
+        "", f"`igw bench --family {doc['count']} --seed {doc['seed']}`: the gateway's twin "
+        "against the perfect-information replay's yardsticks on generated fleets and "
+        "workloads its weights were not tuned on (method: docs/benchmarks.md; every scenario: "
+        "family.md). Targets: p95 ≤ 1.2x best-ttft in ≥ 90 % of scenarios, median ≤ 1.1, worst "
+        "≤ 1.5; never more than 5 % over round-robin; adapter loads within 1.5x of "
+        "adapter-affine's.", "",
+        *_summary_lines(doc),
+    ]
+    if drawn:
+        section += ["", f"![gateway p95 over the yardsticks, per scenario]({FAMILY_PLOT})"]
+    report.write_text((text + "\n\n" if text else "") + "\n".join(section) + "\n")
+    return True
 
 
 def _fmt_share(value: float | None) -> str:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import copy
 import random
 
+import orjson
 import pytest
 
+from bench import family
 from bench import replay as replay_module
 from bench.capacity import Workload, round_robin_capacity
 from bench.family import (
@@ -141,3 +143,31 @@ def test_gateway_config_names_each_pools_engine(tmp_path) -> None:
     tls = TlsMaterial(tmp_path / "ca", tmp_path / "cert", tmp_path / "key")
     config = gateway_config(ROUTERS["igw-llm-d"], fleet, tls, 1.0)
     assert [s["engineType"] for s in config["spec"]["schedulers"]] == ["sglang", "trtllm"]
+
+
+def _row(name: str, vs_best: float, vs_rr: float) -> dict:
+    params = family.scenario(0, 0).calibration["params"]
+    yard = {k: {"ttft_p95": 1.0, "adapter_loads": 0} for k in family.YARDSTICKS}
+    return {"name": name, "params": params, "gateway": {"ttft_p50": 0.5, "ttft_p95": vs_best,
+            "ttft_p99": 2.0, "adapter_loads": 0, "failed": 0}, "yardsticks": yard,
+            "ratios": {"vs_best_ttft": vs_best, "vs_round_robin": vs_rr,
+                       "best_yardstick": "best-ttft", "vs_best_yardstick": vs_best,
+                       "loads_vs_affine": None}}
+
+
+def test_report_gains_a_family_section_replaced_on_each_run(tmp_path) -> None:
+    rows = [_row(f"family-0-{i}", 1.0 + i / 10, 0.5 + i / 10) for i in range(6)]
+    doc = {"seed": 0, "count": 6, "twin_only": True, "seconds": 1.0,
+           "aggregate": family.aggregate(rows), "scenarios": rows}
+    (tmp_path / "family.json").write_bytes(orjson.dumps(doc))
+    assert not family.update_report(tmp_path / "nowhere")
+    (tmp_path / "REPORT.md").write_text("# Routing benchmark report\n\n## mixed\n\nrows\n")
+    assert family.update_report(tmp_path)
+    first = (tmp_path / "REPORT.md").read_text()
+    assert first.startswith("# Routing benchmark report\n\n## mixed\n\nrows\n\n## Scenario family")
+    assert "| best-ttft | 1.25 | 1.45 | 1.50 | ≤ 1.2: 50% |" in first
+    assert "- `family-0-5` (1.50x)" in first  # the worst named
+    assert (tmp_path / family.FAMILY_PLOT).stat().st_size > 0
+    assert f"]({family.FAMILY_PLOT})" in first
+    family.update_report(tmp_path)  # a second run replaces the section, nothing else
+    assert (tmp_path / "REPORT.md").read_text() == first
