@@ -609,7 +609,7 @@ def _summary_lines(doc: dict[str, Any]) -> list[str]:
 def plot_ratios(doc: dict[str, Any], path: Path) -> bool:
     """The distribution of the gateway's p95 over best-ttft's and over round-robin's, one
     empirical CDF each, with the issue's targets marked; False without matplotlib."""
-    from bench.report import _plt
+    from bench.report import _plt, finish_cdf
 
     plt = _plt()
     if plt is None:
@@ -625,16 +625,9 @@ def plot_ratios(doc: dict[str, Any], path: Path) -> bool:
         line, = ax.step(values, share, where="post", label=f"gateway p95 {label}")
         ax.axvline(target, color=line.get_color(), linestyle=":", linewidth=1,
                    label=f"target {target:g}x")
-    ax.set_xscale("log")
-    ax.set_xlabel("gateway TTFT p95 / yardstick's (log scale)")
-    ax.set_ylabel("share of scenarios")
-    ax.set_title(f"Scenario family (seed {doc['seed']}, {doc['count']} scenarios)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.axhline(0.9, color="grey", linestyle=":", linewidth=0.8)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_cdf(plt, fig, ax, path, xlabel="gateway TTFT p95 / yardstick's (log scale)",
+               ylabel="share of scenarios", marks=(0.9,),
+               title=f"Scenario family (seed {doc['seed']}, {doc['count']} scenarios)")
     return True
 
 

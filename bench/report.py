@@ -307,18 +307,25 @@ def plot_ttft_cdf(runs: list[RunResult], title: str, path: Path) -> bool:
         y = np.arange(1, len(ttft) + 1) / len(ttft)
         width = 2.5 if run.router in ("igw-llm-d", BASELINE) else 1.2
         ax.plot(ttft, y, label=run.label, linewidth=width)
+    finish_cdf(plt, fig, ax, path, xlabel="time to first token (model seconds, log scale)",
+               ylabel="fraction of requests", title=f"{title}: TTFT CDF", marks=(0.95, 0.99))
+    return True
+
+
+def finish_cdf(plt: Any, fig: Any, ax: Any, path: Path, *, xlabel: str, ylabel: str, title: str,
+               marks: tuple[float, ...]) -> None:
+    """Label, grid (log x), mark the `marks` shares, and save a CDF plot (the report's look)."""
     ax.set_xscale("log")
-    ax.set_xlabel("time to first token (model seconds, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title(f"{title}: TTFT CDF")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.axhline(0.95, color="grey", linestyle=":", linewidth=0.8)
-    ax.axhline(0.99, color="grey", linestyle=":", linewidth=0.8)
+    for mark in marks:
+        ax.axhline(mark, color="grey", linestyle=":", linewidth=0.8)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
 
 
 def plot_queues(runs: list[RunResult], title: str, path: Path, time_scale: float,
