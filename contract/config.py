@@ -54,6 +54,11 @@ _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+def is_tenant_name(name: object) -> bool:
+    """1-64 letters, digits, '.', '_', '-', starting and ending with a letter or digit."""
+    return isinstance(name, str) and _TENANT_RE.match(name) is not None
+
+
 class ConfigError(ValueError):
     """A config problem, worded as one line that names the offending field."""
 
@@ -608,7 +613,7 @@ def _rate_limits(data: Any, path: str) -> RateLimits:
 def _tenant(data: Any, path: str) -> TenantConfig:
     f = _Fields(data, path)
     name = f.take("name")
-    if not isinstance(name, str) or not _TENANT_RE.match(name):
+    if not is_tenant_name(name):
         raise ConfigError(
             f"{f.at('name')}: required, 1-64 letters, digits, '.', '_', '-' "
             f"(starting and ending with a letter or digit); got {name!r}"
