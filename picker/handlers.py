@@ -83,7 +83,11 @@ class ExtProcHandler:
     def on_headers(self, info: RequestHeaders, end_of_stream: bool) -> bytes:
         """Everything the headers alone decide, before Envoy buffers a body for nothing:
         the model list, unknown paths (404), other methods than POST (405), a missing
-        body (400), a declared length over the limit (413, without reading the body)."""
+        body (400), a declared length over the limit (413, without reading the body).
+        With tenants, a request without a valid key is refused (401) before any of it."""
+        tenants = self.director.tenants
+        if tenants.enabled:
+            tenants.identify(info.authorization, info.tenant_claim)
         if info.method == "GET" and info.path in _MODELS_PATHS:
             return immediate(
                 200, self.director.models_body(), [("content-type", "application/json")]

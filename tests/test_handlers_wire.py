@@ -15,6 +15,7 @@ from contract import headers as hdr
 from picker.director import RequestInfo
 from picker.ext_proc_wire import CONTINUE_HEADERS, route_response
 from picker.handlers import ExtProcHandler
+from picker.tenants.identity import TenantDirectory
 
 ROUTING = [
     ("x-gateway-pool", "llama"),
@@ -48,6 +49,7 @@ class FakeDirector:
         self.infos: list[RequestInfo] = []
         self.completed = 0
         self.abandoned = 0
+        self.tenants = TenantDirectory()
         self.config = SimpleNamespace(bbr=SimpleNamespace(max_request_body_bytes=1024))
 
     def route_now(self, body: bytes, info: RequestInfo) -> SimpleNamespace:
