@@ -1,5 +1,7 @@
 """A model server that remembers the request headers it got: what reached the pod.
 
+It can also take its time (`delay_s`), to hold requests in flight.
+
 Serves an idle vLLM `/metrics` page (bench.echo_server's) so the gateway sees
 a fresh, ready pod, and answers chat completions with a one-token reply. Runs
 its own event loop in a thread, so a test that blocks on the gateway's child
@@ -26,12 +28,16 @@ START_TIMEOUT_S = 10.0
 class HeaderPod:
     address: str
     seen: list[dict[str, str]] = field(default_factory=list)
+    # How long each completion takes (a test sets it to hold requests in flight).
+    delay_s: float = 0.0
 
 
 def _app(pod: HeaderPod) -> web.Application:
     async def chat(request: web.Request) -> web.Response:
         await request.read()
         pod.seen.append({k.lower(): v for k, v in request.headers.items()})
+        if pod.delay_s:
+            await asyncio.sleep(pod.delay_s)
         return web.Response(body=COMPLETION, content_type="application/json")
 
     async def metrics(_request: web.Request) -> web.Response:

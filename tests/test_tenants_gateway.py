@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -23,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from tests.header_pod import header_pod
 from tests.jwt_keys import es256_token, jwks
 from tests.procs import gateway, gateway_config, sim_fleet
+from tests.test_reliability_support import picker_metrics
 
 LLAMA = "llama-3.1-8b"
 ECHO = "echo-model"
@@ -37,6 +39,7 @@ TENANTS = [
     {"name": "team-tight", "limits": {"requestsPerMinute": 2}},
     # a small token budget on one model only
     {"name": "team-b", "modelLimits": {ECHO: {"tokensPerMinute": 100}}},
+    {"name": "team-one", "limits": {"maxConcurrentRequests": 1}},
 ]
 
 
@@ -51,7 +54,7 @@ def add_key(keys_file, tenant: str) -> str:
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tenants")
     keys_file = tmp / "keys"
-    keys = {name: add_key(keys_file, name) for name in ("team-a", "team-tight", "team-b")}
+    keys = {t["name"]: add_key(keys_file, t["name"]) for t in TENANTS}
     pods = [{"name": "llama-0", "gpu": "h100", "model": LLAMA, "engine": "vllm"}]
     with sim_fleet(tmp, pods, time_scale=20.0) as fleet, header_pod() as pod:
         config = gateway_config(
@@ -178,6 +181,50 @@ def test_per_model_token_limit_counts_prompt_plus_max_tokens(stack, http):
     assert other.status_code == 200, other.text
 
 
+def test_a_concurrency_slot_is_held_until_the_request_ends_or_the_client_leaves(stack, http):
+    gw, pod, keys, _ = stack
+    headers = bearer(keys["team-one"])
+    ctx = ssl.create_default_context(cafile=str(gw.ca))
+
+    def wait_until_at_pod(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(pod.seen) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(pod.seen) >= count
+
+    pod.delay_s = 1.5
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            before = len(pod.seen)
+            first = pool.submit(http.post, "/v1/chat/completions", json=chat(), headers=headers)
+            wait_until_at_pod(before + 1)
+            second = http.post("/v1/chat/completions", json=chat(), headers=headers)
+            assert second.status_code == 429, second.text
+            assert second.json()["error"]["code"] == "rate_limit_exceeded"
+            assert first.result(timeout=30).status_code == 200
+        # ended: the slot is free again
+        assert http.post("/v1/chat/completions", json=chat(),
+                         headers=headers).status_code == 200
+        # a client that gives up: Envoy ends the call, the picker frees the slot while
+        # the pod is still working on the abandoned request
+        pod.delay_s = 5.0
+        before = len(pod.seen)
+        with httpx.Client(base_url=gw.url, verify=ctx, timeout=0.5) as impatient, \
+                pytest.raises(httpx.ReadTimeout):
+            impatient.post("/v1/chat/completions", json=chat(), headers=headers)
+        wait_until_at_pod(before + 1)
+        pod.delay_s = 0.0
+        deadline = time.monotonic() + 3
+        while True:
+            third = http.post("/v1/chat/completions", json=chat(), headers=headers)
+            if third.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert third.status_code == 200, third.text
+    finally:
+        pod.delay_s = 0.0
+
+
 def test_absurd_max_tokens_is_a_400_not_a_reservation(stack, http):
     keys = stack[2]
     for value in (-5, 10**30, "many"):
@@ -212,18 +259,14 @@ def test_per_tenant_usage_metrics_name_configured_tenants_only(stack, http):
     gw, _, keys, _ = stack
     http.post("/v1/chat/completions", json=chat(), headers=bearer(keys["team-a"]))
     http.post("/v1/chat/completions", json=chat(), headers=bearer("igw_000000000000_" + "b" * 43))
-    text = httpx.get(f"http://127.0.0.1:{gw.ports['metrics']}/metrics", timeout=10).text
-    samples = {}
-    for line in text.splitlines():
-        if line.startswith("igw_tenant"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
+    samples = picker_metrics(gw.ports["metrics"])
     assert samples['igw_tenant_requests_total{tenant="team-a"}'] >= 1
     assert samples['igw_tenant_prompt_tokens_total{tenant="team-a"}'] >= 1
     assert samples['igw_tenant_unauthorized_total{reason="invalid"}'] >= 1
     assert samples["igw_tenant_keys"] >= 3
-    tenants = {name.split('tenant="')[1].split('"')[0] for name in samples if 'tenant="' in name}
-    assert tenants == {"team-a", "team-tight", "team-b"}
+    tenants = {name.split('tenant="')[1].split('"')[0] for name in samples
+               if name.startswith("igw_tenant") and 'tenant="' in name}
+    assert tenants == {"team-a", "team-tight", "team-b", "team-one"}
 
 
 def test_jwt_claim_names_the_tenant_and_a_forged_header_does_not(tmp_path):
