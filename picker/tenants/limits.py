@@ -25,10 +25,10 @@ would have to ask for. Claims are made in one atomic script call per sync, each
 seeing the others' current claims, so the live replicas' claims never add up
 past what is left of the limit: the total overshoot is zero by construction
 (up to the sliding estimate's own error and the clock offset). A claim is the
-larger of this replica's recent demand and a fair share (unused ÷ live
-replicas) of what is unused, capped by what the others do not hold: a replica
-that gets all the traffic takes at least half (with two replicas) of what is
-left at each sync, so the limit is reached within a few sync intervals.
+replica's demand (what it was asked for in the last interval, doubled) plus an
+equal part of what nobody asked for, or, when the demands exceed what is
+unused, a demand-weighted share of it (nothing for a replica asked for nothing,
+so traffic that reaches one replica only still gets the whole limit).
 Concurrency is a level, not a count: each replica publishes its in-flight count
 per key under its name; a replica that stops syncing drops out of the live set
 after `replica_ttl_s`, its in-flight count and its claims with it.

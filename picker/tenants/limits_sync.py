@@ -71,12 +71,14 @@ local dead = redis.call('ZRANGEBYSCORE', reg, '-inf', now_ms - ttl)
 if #dead > 0 then redis.call('ZREM', reg, unpack(dead)) end
 local live = redis.call('ZRANGE', reg, 0, -1)
 local n = #live
-local held_fields = {}
+-- the other live replicas' claims (h) and demands (w), per kind: r, t, c
+local peer_fields = {}
 for _, name in ipairs(live) do
   if name ~= me then
-    held_fields[#held_fields + 1] = 'r|' .. name
-    held_fields[#held_fields + 1] = 't|' .. name
-    held_fields[#held_fields + 1] = 'c|' .. name
+    for _, kind in ipairs({'r', 't', 'c'}) do
+      peer_fields[#peer_fields + 1] = 'h' .. kind .. '|' .. name
+      peer_fields[#peer_fields + 1] = 'w' .. kind .. '|' .. name
+    end
   end
 end
 local function put(key, field, value)
@@ -92,13 +94,21 @@ local function sums(key)
   end
   return r, tk
 end
-local function claim(limit, used, held, want)
+-- A claim. Demand (cost asked for in the last interval, doubled) within what is
+-- unused: every replica gets its demand plus an equal part of the surplus, so an
+-- idle replica can still start at once. Beyond it (contended): a demand-weighted
+-- share, nothing for a replica that asked for nothing. Never more than the others
+-- leave: the live replicas' claims never add up past the unused part of the limit.
+local function claim(limit, used, held, want, wants)
   if limit < 0 then return 0 end
   local unused = limit - used
-  local fair = math.ceil(unused / n)
-  local h = math.min(unused - held, math.max(want, fair))
+  if unused <= 0 then return 0 end
+  local h
+  if wants <= unused then h = want + (unused - wants) / n
+  else h = unused * want / wants end
+  h = math.min(math.floor(unused - held), math.ceil(h))
   if h < 0 then return 0 end
-  return math.floor(h)
+  return h
 end
 local out = {tonumber(t[1]), tonumber(t[2]), n}
 local i = 8
@@ -125,24 +135,32 @@ while i <= #ARGV do
   local rp, tp = sums(wp)
   local hk = prefix .. ':rl:h:' .. name
   local held = {r = 0, t = 0, c = 0}
-  if #held_fields > 0 then
-    local vals = redis.call('HMGET', hk, unpack(held_fields))
+  local wants = {r = 0, t = 0, c = 0}
+  if #peer_fields > 0 then
+    local vals = redis.call('HMGET', hk, unpack(peer_fields))
     for j, v in ipairs(vals) do
       if v then
-        local kind = string.sub(held_fields[j], 1, 1)
-        held[kind] = held[kind] + tonumber(v)
+        local pf = peer_fields[j]
+        local kind = string.sub(pf, 2, 2)
+        if string.sub(pf, 1, 1) == 'h' then held[kind] = held[kind] + tonumber(v)
+        else wants[kind] = wants[kind] + tonumber(v) end
       end
     end
   end
-  local hr = claim(lr, rp * (1 - f) + rc, held.r, tonumber(ARGV[i + 9]))
-  local ht = claim(lt, tp * (1 - f) + tc, held.t, tonumber(ARGV[i + 10]))
-  local hc = claim(lc, conc, held.c, tonumber(ARGV[i + 11]))
-  put(hk, 'r|' .. me, tostring(hr))
-  put(hk, 't|' .. me, tostring(ht))
-  put(hk, 'c|' .. me, tostring(hc))
+  local wr, wt, wc = tonumber(ARGV[i + 9]), tonumber(ARGV[i + 10]), tonumber(ARGV[i + 11])
+  local hr = claim(lr, rp * (1 - f) + rc, held.r, wr, wants.r + wr)
+  local ht = claim(lt, tp * (1 - f) + tc, held.t, wt, wants.t + wt)
+  local hc = claim(lc, conc, held.c, wc, wants.c + wc)
+  put(hk, 'hr|' .. me, tostring(hr))
+  put(hk, 'ht|' .. me, tostring(ht))
+  put(hk, 'hc|' .. me, tostring(hc))
+  put(hk, 'wr|' .. me, tostring(wr))
+  put(hk, 'wt|' .. me, tostring(wt))
+  put(hk, 'wc|' .. me, tostring(wc))
   if #dead > 0 then
     for _, d in ipairs(dead) do
-      redis.call('HDEL', hk, 'r|' .. d, 't|' .. d, 'c|' .. d)
+      redis.call('HDEL', hk, 'hr|' .. d, 'ht|' .. d, 'hc|' .. d, 'wr|' .. d, 'wt|' .. d,
+                 'wc|' .. d)
     end
   end
   redis.call('PEXPIRE', hk, kttl)
@@ -158,7 +176,8 @@ local prefix, me = ARGV[1], ARGV[2]
 redis.call('ZREM', prefix .. ':rl:replicas', me)
 for i = 3, #ARGV do
   redis.call('HDEL', prefix .. ':rl:c:' .. ARGV[i], me)
-  redis.call('HDEL', prefix .. ':rl:h:' .. ARGV[i], 'r|' .. me, 't|' .. me, 'c|' .. me)
+  redis.call('HDEL', prefix .. ':rl:h:' .. ARGV[i], 'hr|' .. me, 'ht|' .. me, 'hc|' .. me,
+             'wr|' .. me, 'wt|' .. me, 'wc|' .. me)
 end
 return 1
 """
@@ -302,10 +321,8 @@ class _Sent:
                    key.inflight)
 
     def args(self) -> list[Any]:
-        # demand: twice what was asked for in the last interval, at least one request
-        want = [2 * a for a in self.attempted]
-        return [*self.limits, *self.mine, self.inflight, max(1, want[0]), want[1],
-                max(1, want[2])]
+        # demand: twice what was asked for since the last sync
+        return [*self.limits, *self.mine, self.inflight, *(2 * a for a in self.attempted)]
 
     def take(self, key: _Key, w: int, reply: list[int]) -> None:
         r_cur, t_cur, r_prev, t_prev, conc, h_r, h_t, h_c = reply
