@@ -142,6 +142,24 @@ def _metadata_entry(key: str, value: str) -> bytes:
     return _field(1, _field(1, key.encode()) + _field(2, _field(3, value.encode())))
 
 
+@functools.lru_cache(maxsize=64)
+def _entry_key(key: str) -> bytes:
+    return _field(1, key.encode())
+
+
+def _volatile_entry(key: str, value: str) -> bytes:
+    """`_metadata_entry` for a value that changes per request (a count): the key part
+    is cached, and a short value (every x-ratelimit-* figure) is framed with one-byte
+    lengths directly instead of through `_field`'s varints."""
+    raw = value.encode()
+    head = _entry_key(key)
+    size = len(head) + len(raw) + 4
+    if size > 127:
+        return _metadata_entry.__wrapped__(key, value)
+    # map entry(1) → {key, Value(2) → string_value(3)}: every length fits one byte
+    return b"\x0a%c%s\x12%c\x1a%c%s" % (size, head, len(raw) + 2, len(raw), raw)
+
+
 # ProcessingResponse.request_body(3) → BodyResponse.response(1) → CommonResponse
 # {header_mutation(2): empty, clear_route_cache(5): true}.
 _ROUTE_BODY = _field(3, _field(1, _field(2, b"") + _varint(5 << 3) + b"\x01"))
@@ -167,7 +185,7 @@ def route_response(
     """
     fields = b"".join([_metadata_entry(k, v) for k, v in routing])
     if extra:
-        fields += b"".join([_metadata_entry.__wrapped__(k, v) for k, v in extra])
+        fields += b"".join([_volatile_entry(k, v) for k, v in extra])
     return _ROUTE_BODY + _field(8, _field(1, _LB_NAMESPACE + _field(2, _field(5, fields))))
 
 

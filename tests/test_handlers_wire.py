@@ -165,7 +165,8 @@ def test_tenant_credentials_arrive_as_attributes_or_headers() -> None:
 
 
 def test_per_request_metadata_is_encoded_like_the_cached_entries() -> None:
-    extra = [("x-ratelimit-remaining-requests", "41")]
+    extra = [("x-ratelimit-remaining-requests", "41"), ("x-ratelimit-reset-tokens", "6m0s"),
+             ("long", "9" * 300)]  # framed with one-byte lengths, or (long) the general way
     wire = route_response(ROUTING, extra)
     assert wire == route_response(ROUTING + extra)
     assert ext_proc.ProcessingResponse.FromString(wire).dynamic_metadata.fields[
