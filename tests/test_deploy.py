@@ -570,5 +570,5 @@ def test_chart_mounts_the_tenant_keys_secret_and_names_it_in_the_config():
     assert volume["secret"]["items"] == [{"key": "keys", "path": "keys"}]
     assert gateway_config(render()).tenants is None
     assert "tenant-keys" not in {m["name"] for m in container(render())["volumeMounts"]}
-    with pytest.raises(Exception, match="needs config.spec.tenants.list"):
+    with pytest.raises(Exception, match=r"needs config\.spec\.tenants\.list"):
         render({"tenants": {"keysSecret": "igw-tenant-keys"}})

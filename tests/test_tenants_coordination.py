@@ -21,7 +21,7 @@ import httpx
 from tests.header_pod import header_pod
 from tests.procs import gateway, gateway_config
 from tests.test_coordination_support import redis_server
-from tests.test_reliability_support import picker_metrics, wait_for
+from tests.test_reliability_support import Figures, picker_metrics, wait_for
 
 MODEL = "echo-model"
 LIMIT = 10
@@ -76,16 +76,22 @@ def test_one_limit_holds_for_both_gateways_and_redis_down_fails_open(tmp_path):
             time.sleep(0.15)  # longer than a sync: each sees the other's admissions
         assert set(statuses) <= {200, 429}
         assert statuses.count(200) == LIMIT, statuses
+        fig = Figures("tenant_limit_two_gateways")
+        fig["limit_per_minute"] = LIMIT
+        fig["admitted_of_20"] = statuses.count(200)
         for g in gws:
             m = picker_metrics(g.ports["metrics"])
             assert m["igw_tenant_limits_shared"] == 1 and m["igw_tenant_limits_degraded"] == 0
         redis.stop()
-        wait_for(lambda: all(picker_metrics(g.ports["metrics"])["igw_tenant_limits_degraded"]
-                             == 1 for g in gws), 10, "limits degraded")
+        fig["degraded_after_s"] = wait_for(
+            lambda: all(picker_metrics(g.ports["metrics"])["igw_tenant_limits_degraded"] == 1
+                        for g in gws), 10, "limits degraded")
         # open: answered (refused here, the minute's budget is spent), never a 5xx
         answers = [_post(g, key) for g in gws for _ in range(3)]
         assert {a.status_code for a in answers} == {429}, [a.text for a in answers]
         assert answers[0].json()["error"]["code"] == "rate_limit_exceeded"
+        fig["open_answers_after_redis_down"] = len(answers)
+        fig.emit()
 
 
 def test_redis_down_fails_closed_with_a_503(tmp_path):
@@ -101,4 +107,7 @@ def test_redis_down_fails_closed_with_a_503(tmp_path):
         m = picker_metrics(gws[0].ports["metrics"])
         assert m['igw_tenant_limits_refused_total{limit="unavailable"}'] >= 1
         redis.start()  # back: served again once the limits resync
-        wait_for(lambda: _post(gws[0], key).status_code == 200, 15, "served after Redis")
+        fig = Figures("tenant_limits_fail_closed")
+        fig["served_again_after_restart_s"] = wait_for(
+            lambda: _post(gws[0], key).status_code == 200, 15, "served after Redis")
+        fig.emit()

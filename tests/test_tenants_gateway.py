@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from tests.header_pod import header_pod
 from tests.jwt_keys import es256_token, jwks
 from tests.procs import gateway, gateway_config, sim_fleet
-from tests.test_reliability_support import picker_metrics
+from tests.test_reliability_support import Figures, picker_metrics
 
 LLAMA = "llama-3.1-8b"
 ECHO = "echo-model"
@@ -97,11 +97,18 @@ def test_missing_garbage_and_unknown_keys_are_401(stack, http):
     before = len(pod.seen)
     key = keys["team-a"]
     wrong_secret = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
-    for headers in ({}, {"authorization": "Bearer"}, {"authorization": f"Basic {key}"},
-                    bearer("sk-not-ours"), {"authorization": ("Bearer igw_" + "é" * 20).encode()},
-                    bearer("x" * 5000),
-                    bearer(wrong_secret), bearer("igw_000000000000_" + "a" * 43)):
-        assert_401(http.post("/v1/chat/completions", json=chat(), headers=headers))
+    fig = Figures("tenant_bad_keys")
+    slowest = 0.0
+    cases = ({}, {"authorization": "Bearer"}, {"authorization": f"Basic {key}"},
+             bearer("sk-not-ours"), {"authorization": ("Bearer igw_" + "é" * 20).encode()},
+             bearer("x" * 5000), bearer(wrong_secret), bearer("igw_000000000000_" + "a" * 43))
+    for headers in cases:
+        response = http.post("/v1/chat/completions", json=chat(), headers=headers)
+        assert_401(response)
+        slowest = max(slowest, response.elapsed.total_seconds())
+    fig["cases"] = len(cases)
+    fig["slowest_401_s"] = slowest
+    fig.emit()
     # a bad key is refused before the body: even a broken body is a 401, not a 400
     assert_401(http.post("/v1/chat/completions", content=b"{not json", headers={
         "content-type": "application/json"}))
@@ -214,6 +221,7 @@ def test_a_concurrency_slot_is_held_until_the_request_ends_or_the_client_leaves(
             impatient.post("/v1/chat/completions", json=chat(), headers=headers)
         wait_until_at_pod(before + 1)
         pod.delay_s = 0.0
+        gave_up = time.monotonic()
         deadline = time.monotonic() + 3
         while True:
             third = http.post("/v1/chat/completions", json=chat(), headers=headers)
@@ -221,6 +229,9 @@ def test_a_concurrency_slot_is_held_until_the_request_ends_or_the_client_leaves(
                 break
             time.sleep(0.05)
         assert third.status_code == 200, third.text
+        fig = Figures("tenant_concurrency_release")
+        fig["slot_free_after_client_left_s"] = time.monotonic() - gave_up
+        fig.emit()
     finally:
         pod.delay_s = 0.0
 
@@ -235,7 +246,9 @@ def test_absurd_max_tokens_is_a_400_not_a_reservation(stack, http):
 
 def test_keys_file_reload_adds_and_removes_a_key(stack, http):
     _, _, _, keys_file = stack
+    fig = Figures("tenant_keys_reload")
     key = add_key(keys_file, "team-a")
+    added = time.monotonic()
     key_id = key.split("_")[1]
     deadline = time.monotonic() + 10
     while True:
@@ -244,8 +257,10 @@ def test_keys_file_reload_adds_and_removes_a_key(stack, http):
             break
         time.sleep(0.2)
     assert response.status_code == 200, response.text
+    fig["added_key_served_after_s"] = time.monotonic() - added
     subprocess.run([sys.executable, "-m", "igw.cli", "tenants", "remove-key", key_id,
                     "--keys-file", str(keys_file)], check=True, timeout=60, capture_output=True)
+    removed = time.monotonic()
     deadline = time.monotonic() + 10
     while True:
         response = http.post("/v1/chat/completions", json=chat(), headers=bearer(key))
@@ -253,6 +268,8 @@ def test_keys_file_reload_adds_and_removes_a_key(stack, http):
             break
         time.sleep(0.2)
     assert_401(response)
+    fig["removed_key_refused_after_s"] = time.monotonic() - removed
+    fig.emit()
 
 
 def test_per_tenant_usage_metrics_name_configured_tenants_only(stack, http):
