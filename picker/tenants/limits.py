@@ -213,8 +213,8 @@ class _Key:
     beyond `conc_synced` this replica claimed then.
     """
 
-    __slots__ = ("conc_attempted", "conc_headroom", "conc_seen", "conc_synced", "inflight",
-                 "limits", "model", "name", "requests", "tenant", "tokens")
+    __slots__ = ("conc_attempted", "conc_headroom", "conc_seen", "conc_synced", "dirty",
+                 "inflight", "limits", "model", "name", "requests", "tenant", "tokens")
 
     def __init__(self, tenant: str, model: str, limits: RateLimits) -> None:
         self.tenant = tenant
@@ -226,6 +226,8 @@ class _Key:
         self.conc_synced = 0
         self.conc_headroom = 0
         self.conc_attempted = 0
+        # used since the last sync: the next sync carries it (limits_sync)
+        self.dirty = True
         self.requests: _Window | None = None
         self.tokens: _Window | None = None
         self.limits = limits
@@ -367,6 +369,8 @@ class Limiter:
                 "retry shortly.", retry_after=1)
         tokens = max(0, int(tokens))
         for key in keys:
+            key.dirty = True
+        for key in keys:
             self._check(key, keys, w, f, tokens, mode)
         for key in keys:
             if key.requests is not None:
@@ -414,6 +418,7 @@ class Limiter:
         grant.released = True
         delta = None if used_tokens is None else max(0, int(used_tokens)) - grant.tokens
         for key in grant.keys:
+            key.dirty = True
             key.inflight = max(0, key.inflight - 1)
             if delta and key.tokens is not None:
                 key.tokens.correct(grant.window, delta)

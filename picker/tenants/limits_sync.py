@@ -1,29 +1,35 @@
 """The limiter's background exchange with the other replicas: one Redis script call.
 
 Every `sync_interval_s` (and never on the request path) the replica sends, per
-limited key, its own totals for the current and the previous window and its
-in-flight count, and reads back the global totals, in one EVALSHA:
+limited key, its own totals for the current and the previous window, its in-flight
+count and its demand, and gets back the global totals and its new claims, in one
+EVALSHA (atomic: each claim sees every other replica's current one):
 
-- window counts: a hash per (window, key), `<prefix>:rl:w:<window>:<key>`, field
+- window counts: a hash per (window, key), `<prefix>:rl:w:<window>:<key>`, fields
   `r|<replica>` / `t|<replica>` = that replica's requests / tokens in the window.
   Absolute values, not increments: a sync that timed out after Redis applied it
   is harmless when repeated, and a Redis that restarted empty gets every
-  replica's counts back at its next sync. Expires two windows after its last write;
-- concurrency: `<prefix>:rl:c:<key>`, field `<replica>` = its in-flight requests,
-  summed over the live replicas only;
+  replica's counts back at its next sync;
+- per key, `<prefix>:rl:k:<key>`: per replica its in-flight requests (`i|`), its
+  claims (`hr|`, `ht|`, `hc|`: requests, tokens, concurrency) and its demands
+  (`wr|`, `wt|`, `wc|`); only the live replicas' fields count;
 - liveness: `<prefix>:rl:replicas`, a sorted set of replica → Redis time (ms) of its
-  last sync; members silent for `replica_ttl_s` are removed (and their in-flight
-  fields), so a dead replica's concurrency ages out within replica_ttl_s plus
-  one sync interval of the survivors.
-The script also returns Redis TIME: every replica counts windows on that one
-clock (offset from its monotonic clock, half the round trip assumed each way),
-so replicas' own clock skew does not split a window.
+  last sync; members silent for `replica_ttl_s` are removed (and their fields), so a
+  dead replica's concurrency and claims age out within replica_ttl_s plus one sync
+  interval of a survivor.
+Every key expires two windows plus replica_ttl_s after its last write. The script
+also returns Redis TIME: every replica counts windows on that one clock (offset
+from its monotonic clock, half the round trip assumed each way), so the replicas'
+own clock skew does not split a window.
 
-The cost per sync is O(keys x replicas) inside Redis (hundreds of tenants: well
-under a millisecond). Every call is bounded by `timeout_s`; a failure is retried
-after a capped, jittered exponential backoff (50 ms doubling to 2 s) with the
-same redis.asyncio client, whose pool reconnects; the script is reloaded by
-redis-py when a restarted Redis no longer knows it (NOSCRIPT).
+Which keys a sync carries: those used here since the last sync (admitted, refused,
+released) and a rotating slice of the others, so that every key is refreshed
+at least every IDLE_REFRESH_S: the cost per sync follows the traffic, not the
+number of configured tenants (an idle key's claim and totals are at most that old).
+Every call is bounded by `timeout_s`; a failure is retried after a capped,
+jittered exponential backoff (50 ms doubling to 2 s) with the same redis.asyncio
+client, whose pool reconnects; redis-py reloads the script when a restarted Redis
+no longer knows it (NOSCRIPT).
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("picker.tenants.limits")
 
 BACKOFF_MIN_S = 0.05
+# Every key is in a sync at least this often, used or not.
+IDLE_REFRESH_S = 1.0
 BACKOFF_MAX_S = 2.0
 STOP_TIMEOUT_S = 1.0
 # Values sent per key: name; limits of requests, tokens, concurrency (-1: none); this
@@ -71,19 +79,17 @@ local dead = redis.call('ZRANGEBYSCORE', reg, '-inf', now_ms - ttl)
 if #dead > 0 then redis.call('ZREM', reg, unpack(dead)) end
 local live = redis.call('ZRANGE', reg, 0, -1)
 local n = #live
--- the other live replicas' claims (h) and demands (w), per kind: r, t, c
+-- per key, per replica: i (in flight), h? (claims) and w? (demands) of r, t, c
+local KINDS = {'i', 'hr', 'ht', 'hc', 'wr', 'wt', 'wc'}
 local peer_fields = {}
 for _, name in ipairs(live) do
   if name ~= me then
-    for _, kind in ipairs({'r', 't', 'c'}) do
-      peer_fields[#peer_fields + 1] = 'h' .. kind .. '|' .. name
-      peer_fields[#peer_fields + 1] = 'w' .. kind .. '|' .. name
-    end
+    for _, kind in ipairs(KINDS) do peer_fields[#peer_fields + 1] = kind .. '|' .. name end
   end
 end
-local function put(key, field, value)
-  if value == '0' then redis.call('HDEL', key, field) else
-    redis.call('HSET', key, field, value) end
+local dead_fields = {}
+for _, name in ipairs(dead) do
+  for _, kind in ipairs(KINDS) do dead_fields[#dead_fields + 1] = kind .. '|' .. name end
 end
 local function sums(key)
   local r, tk = 0, 0
@@ -117,67 +123,44 @@ while i <= #ARGV do
   local lr, lt, lc = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local wc = prefix .. ':rl:w:' .. wcur .. ':' .. name
   local wp = prefix .. ':rl:w:' .. wprev .. ':' .. name
-  put(wc, 'r|' .. me, ARGV[i + 4])
-  put(wc, 't|' .. me, ARGV[i + 5])
-  put(wp, 'r|' .. me, ARGV[i + 6])
-  put(wp, 't|' .. me, ARGV[i + 7])
+  local hk = prefix .. ':rl:k:' .. name
+  redis.call('HSET', wc, 'r|' .. me, ARGV[i + 4], 't|' .. me, ARGV[i + 5])
+  redis.call('HSET', wp, 'r|' .. me, ARGV[i + 6], 't|' .. me, ARGV[i + 7])
   redis.call('PEXPIRE', wc, kttl)
   redis.call('PEXPIRE', wp, kttl)
-  local ck = prefix .. ':rl:c:' .. name
-  put(ck, me, ARGV[i + 8])
-  if #dead > 0 then redis.call('HDEL', ck, unpack(dead)) end
-  redis.call('PEXPIRE', ck, kttl)
-  local conc = 0
-  for _, v in ipairs(redis.call('HMGET', ck, unpack(live))) do
-    if v then conc = conc + tonumber(v) end
-  end
-  local rc, tc = sums(wc)
-  local rp, tp = sums(wp)
-  local hk = prefix .. ':rl:h:' .. name
-  local held = {r = 0, t = 0, c = 0}
-  local wants = {r = 0, t = 0, c = 0}
+  local mine = tonumber(ARGV[i + 8])
+  local peer = {i = mine, hr = 0, ht = 0, hc = 0, wr = 0, wt = 0, wc = 0}
   if #peer_fields > 0 then
-    local vals = redis.call('HMGET', hk, unpack(peer_fields))
-    for j, v in ipairs(vals) do
+    for j, v in ipairs(redis.call('HMGET', hk, unpack(peer_fields))) do
       if v then
-        local pf = peer_fields[j]
-        local kind = string.sub(pf, 2, 2)
-        if string.sub(pf, 1, 1) == 'h' then held[kind] = held[kind] + tonumber(v)
-        else wants[kind] = wants[kind] + tonumber(v) end
+        local kind = KINDS[(j - 1) % 7 + 1]
+        peer[kind] = peer[kind] + tonumber(v)
       end
     end
   end
-  local wr, wt, wc = tonumber(ARGV[i + 9]), tonumber(ARGV[i + 10]), tonumber(ARGV[i + 11])
-  local hr = claim(lr, rp * (1 - f) + rc, held.r, wr, wants.r + wr)
-  local ht = claim(lt, tp * (1 - f) + tc, held.t, wt, wants.t + wt)
-  local hc = claim(lc, conc, held.c, wc, wants.c + wc)
-  put(hk, 'hr|' .. me, tostring(hr))
-  put(hk, 'ht|' .. me, tostring(ht))
-  put(hk, 'hc|' .. me, tostring(hc))
-  put(hk, 'wr|' .. me, tostring(wr))
-  put(hk, 'wt|' .. me, tostring(wt))
-  put(hk, 'wc|' .. me, tostring(wc))
-  if #dead > 0 then
-    for _, d in ipairs(dead) do
-      redis.call('HDEL', hk, 'hr|' .. d, 'ht|' .. d, 'hc|' .. d, 'wr|' .. d, 'wt|' .. d,
-                 'wc|' .. d)
-    end
-  end
+  if #dead_fields > 0 then redis.call('HDEL', hk, unpack(dead_fields)) end
+  local rc, tc = sums(wc)
+  local rp, tp = sums(wp)
+  local wr, wt, wcc = tonumber(ARGV[i + 9]), tonumber(ARGV[i + 10]), tonumber(ARGV[i + 11])
+  local hr = claim(lr, rp * (1 - f) + rc, peer.hr, wr, peer.wr + wr)
+  local ht = claim(lt, tp * (1 - f) + tc, peer.ht, wt, peer.wt + wt)
+  local hc = claim(lc, peer.i, peer.hc, wcc, peer.wc + wcc)
+  redis.call('HSET', hk, 'i|' .. me, mine, 'hr|' .. me, hr, 'ht|' .. me, ht,
+             'hc|' .. me, hc, 'wr|' .. me, wr, 'wt|' .. me, wt, 'wc|' .. me, wcc)
   redis.call('PEXPIRE', hk, kttl)
-  for _, v in ipairs({rc, tc, rp, tp, conc, hr, ht, hc}) do out[#out + 1] = v end
+  for _, v in ipairs({rc, tc, rp, tp, peer.i, hr, ht, hc}) do out[#out + 1] = v end
   i = i + 12
 end
 return out
 """
 
-# A stopping replica leaves at once: out of the live set, its in-flight fields gone.
+# A stopping replica leaves at once: out of the live set, its in-flight and claims gone.
 LEAVE_SCRIPT = """
 local prefix, me = ARGV[1], ARGV[2]
 redis.call('ZREM', prefix .. ':rl:replicas', me)
 for i = 3, #ARGV do
-  redis.call('HDEL', prefix .. ':rl:c:' .. ARGV[i], me)
-  redis.call('HDEL', prefix .. ':rl:h:' .. ARGV[i], 'hr|' .. me, 'ht|' .. me, 'hc|' .. me,
-             'wr|' .. me, 'wt|' .. me, 'wc|' .. me)
+  redis.call('HDEL', prefix .. ':rl:k:' .. ARGV[i], 'i|' .. me, 'hr|' .. me, 'ht|' .. me,
+             'hc|' .. me, 'wr|' .. me, 'wt|' .. me, 'wc|' .. me)
 end
 return 1
 """
@@ -202,6 +185,8 @@ class LimitSync:
         self._task: asyncio.Task[None] | None = None
         self._script: Any = None
         self._leave: Any = None
+        # where the next slice of idle keys starts
+        self._idle_at = 0
 
     async def start(self) -> None:
         redis = self._redis_arg
@@ -264,18 +249,26 @@ class LimitSync:
         """One exchange: send this replica's totals and demand, take in the global
         totals and this replica's new claims."""
         lim = self.limiter
-        keys = lim.all_keys()
+        keys = self._due(lim.all_keys())
         t0 = lim.clock()
         w, f = lim.window_at(t0)
         args: list[Any] = [self.prefix, self.replica, int(lim.replica_ttl_s * 1000),
                            int((2 * lim.window_s + lim.replica_ttl_s) * 1000), w, w - 1,
                            f"{f:.6f}"]
-        sent = [_Sent.of(k, w) for k in keys]
-        for key, snap in zip(keys, sent, strict=True):
+        sent = []
+        for key in keys:
+            key.dirty = False
+            snap = _Sent.of(key, w)
+            sent.append(snap)
             args.append(key.name)
             args.extend(snap.args())
-        async with asyncio.timeout(self.timeout_s):
-            reply = await self._script(args=args)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                reply = await self._script(args=args)
+        except BaseException:
+            for key in keys:
+                key.dirty = True
+            raise
         t1 = lim.clock()
         lim.offset = (int(reply[0]) + int(reply[1]) / 1e6) - (t0 + t1) / 2
         lim.replicas = max(1, int(reply[2]))
@@ -285,6 +278,18 @@ class LimitSync:
         lim.last_ok = t1
         lim.synced_once = True
         self.syncs += 1
+
+    def _due(self, keys: list[_Key]) -> list[_Key]:
+        """The keys used since the last sync, and the next slice of the others."""
+        if not self.limiter.synced_once:
+            return keys
+        per_refresh = max(1, round(IDLE_REFRESH_S / max(self.limiter.sync_interval_s, 1e-3)))
+        size = -(-len(keys) // per_refresh)
+        start = self._idle_at % max(1, len(keys))
+        self._idle_at = start + size
+        idle = set(range(start, start + size))
+        return [k for i, k in enumerate(keys)
+                if k.dirty or i in idle or i + len(keys) in idle]
 
 
 def _limit(value: int | None) -> int:
