@@ -10,7 +10,10 @@ dict lookup timed in the same run:
 - `route_response` with and without a tenant's six x-ratelimit-* metadata entries
   (encoded per request, uncached), the cost of answering the limits on success;
 - `Limiter.admit` + `headers` + `release` for a tenant with all three limits (the
-  limiter's own figures are bench/ratelimit*).
+  limiter's own figures are bench/ratelimit*);
+- the director's whole request (`route_now` + `complete`, one pod, a 1 KB chat body)
+  without tenants, with tenants but no limiter, and with both, interleaved in rounds
+  (best round each) so that the machine's load shifts all three alike.
 Writes bench/results/tenant-keys.md (+ .json).
 """
 
@@ -27,11 +30,16 @@ import timeit
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
+
 from bench.output import write_results
 from contract import headers as hdr
-from contract.config import RateLimits, TenantConfig, TenantsConfig
+from contract.config import RateLimits, TenantConfig, TenantsConfig, parse_config
 from contract.errors import Unauthorized
+from picker.datastore import Datastore
+from picker.director import Director, RequestInfo
 from picker.ext_proc_wire import route_response
+from picker.gateway_metrics import GatewayMetrics
 from picker.tenants.identity import TenantDirectory
 from picker.tenants.keys import mint
 from picker.tenants.limits import Limiter
@@ -60,6 +68,50 @@ def _refused(directory: TenantDirectory, authorization: str) -> Callable[[], Non
     return call
 
 
+def _director_request(keys_file: Path | None, key: str, tenant: str,
+                      limiter: bool) -> Callable[[], None]:
+    """One request through a director of one pod: route_now, then complete."""
+    spec: dict = {"schedulers": [{"name": "p", "modelName": "m", "endpoints": ["127.0.0.1:9"]}]}
+    if keys_file is not None:
+        limits = {"requestsPerMinute": 10**9, "tokensPerMinute": 10**12,
+                  "maxConcurrentRequests": 10**6}
+        spec["tenants"] = {"keysFile": str(keys_file),
+                           "list": [{"name": tenant, "limits": limits}]}
+    config = parse_config({"apiVersion": "inference-gateway.io/v1alpha1",
+                           "kind": "InferenceGatewayConfig", "metadata": {"name": "b"},
+                           "spec": spec})
+    datastore = Datastore(config)
+    pool = datastore.pools["p"]
+    pool.set_members(["127.0.0.1:9"])
+    director = Director(datastore, GatewayMetrics(), limiter=Limiter() if limiter else None)
+    info = RequestInfo(path="/v1/chat/completions", content_type="application/json",
+                       authorization=f"Bearer {key}" if keys_file is not None else None)
+    prompt = " ".join(f"word{i}" for i in range(170))[:1000]
+    body = orjson.dumps({"model": "m", "max_tokens": 1,
+                         "messages": [{"role": "user", "content": prompt}]})
+
+    def one() -> None:
+        pool.mark_scrape(0, True, time.monotonic())  # a fresh pod, as the collector keeps it
+        director.complete(director.route_now(body, info))
+    return one
+
+
+def interleaved_us(fns: dict[str, Callable[[], None]], rounds: int,
+                   number: int) -> dict[str, float]:
+    """Best round of `number` calls per function, the functions taking turns each round
+    and each round starting with the next one (measured: the first of a round runs up to
+    20 % slower or faster than in another position)."""
+    best = dict.fromkeys(fns, float("inf"))
+    order = list(fns.items())
+    for r in range(rounds):
+        for name, fn in order[r % len(order):] + order[:r % len(order)]:
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / number * 1e6)
+    return best
+
+
 def measure(repeats: int, number: int, work: Path) -> dict[str, float]:
     keys_file = work / "keys"
     minted = [mint(f"team-{i % 100}") for i in range(KEYS)]
@@ -85,7 +137,14 @@ def measure(repeats: int, number: int, work: Path) -> dict[str, float]:
         limiter.headers(g)
         limiter.release(g)
 
+    tenant = minted[KEYS // 2][1].tenant
+    director = interleaved_us({
+        "director_plain": _director_request(None, key, tenant, limiter=False),
+        "director_identity": _director_request(keys_file, key, tenant, limiter=False),
+        "director_identity_limits": _director_request(keys_file, key, tenant, limiter=True),
+    }, rounds=6 * repeats, number=max(100, number // 20))
     return {
+        **director,
         "dict_lookup": per_call_us(lambda: table.get("k5000"), repeats, number),
         "identify": per_call_us(lambda: directory.identify(authorization, None), repeats,
                                 number),
@@ -109,6 +168,9 @@ def render(doc: dict) -> str:
         ("route_response (routing only)", "route_response"),
         ("route_response + 6 x-ratelimit-* entries", "route_response_with_limits"),
         ("Limiter admit + headers + release (3 limits)", "limiter_admit_headers_release"),
+        ("director request, no tenants", "director_plain"),
+        ("director request, tenant identified (no limiter)", "director_identity"),
+        ("director request, identified and limited", "director_identity_limits"),
     ]
     lines = [
         "# Tenant identity: per-request cost in the picker",
@@ -124,7 +186,12 @@ def render(doc: dict) -> str:
     for label, name in rows:
         lines.append(f"| {label} | {r[name]:.3f} | {r[name] / base:.0f} |")
     extra = r["route_response_with_limits"] - r["route_response"]
+    plain = r["director_plain"]
     lines += [
+        "",
+        f"- a whole request in the director: identity ×{r['director_identity'] / plain:.2f}, "
+        f"identity and limits ×{r['director_identity_limits'] / plain:.2f} of the request "
+        f"without tenants ({plain:.0f} µs).",
         "",
         f"- identifying a tenant costs {r['identify']:.2f} µs per request; the picker's "
         "CPU per request is ~100-300 µs (bench/results/overhead.md), so no cache is needed.",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -20,8 +19,7 @@ from aiohttp import web
 
 from bench.echo_server import COMPLETION, METRICS
 from igw.ports import free_port
-
-START_TIMEOUT_S = 10.0
+from tests.standin_thread import loop_thread
 
 
 @dataclass
@@ -52,9 +50,6 @@ def _app(pod: HeaderPod) -> web.Application:
 @contextlib.contextmanager
 def header_pod() -> Iterator[HeaderPod]:
     """Serve on a free loopback port until the block ends."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="header-pod", daemon=True)
-    thread.start()
     port = free_port()
     pod = HeaderPod(f"127.0.0.1:{port}")
     runner = web.AppRunner(_app(pod), access_log=None)
@@ -63,11 +58,9 @@ def header_pod() -> Iterator[HeaderPod]:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
 
-    try:
-        asyncio.run_coroutine_threadsafe(start(), loop).result(START_TIMEOUT_S)
-        yield pod
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(START_TIMEOUT_S)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(START_TIMEOUT_S)
-        loop.close()
+    with loop_thread("header-pod") as run:
+        run(start())
+        try:
+            yield pod
+        finally:
+            run(runner.cleanup())

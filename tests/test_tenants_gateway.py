@@ -85,6 +85,17 @@ def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
+def post_until(http: httpx.Client, status: int, key: str, timeout: float,
+               poll: float = 0.1) -> httpx.Response:
+    """Post with `key` until the answer has `status` or `timeout` passed; the last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = http.post("/v1/chat/completions", json=chat(), headers=bearer(key))
+        if response.status_code == status or time.monotonic() > deadline:
+            return response
+        time.sleep(poll)
+
+
 def assert_401(response: httpx.Response) -> None:
     assert response.status_code == 401, response.text
     error = response.json()["error"]
@@ -222,12 +233,7 @@ def test_a_concurrency_slot_is_held_until_the_request_ends_or_the_client_leaves(
         wait_until_at_pod(before + 1)
         pod.delay_s = 0.0
         gave_up = time.monotonic()
-        deadline = time.monotonic() + 3
-        while True:
-            third = http.post("/v1/chat/completions", json=chat(), headers=headers)
-            if third.status_code == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        third = post_until(http, 200, keys["team-one"], 3, poll=0.005)
         assert third.status_code == 200, third.text
         fig = Figures("tenant_concurrency_release")
         fig["slot_free_after_client_left_s"] = time.monotonic() - gave_up
@@ -250,24 +256,13 @@ def test_keys_file_reload_adds_and_removes_a_key(stack, http):
     key = add_key(keys_file, "team-a")
     added = time.monotonic()
     key_id = key.split("_")[1]
-    deadline = time.monotonic() + 10
-    while True:
-        response = http.post("/v1/chat/completions", json=chat(), headers=bearer(key))
-        if response.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    response = post_until(http, 200, key, 10)
     assert response.status_code == 200, response.text
     fig["added_key_served_after_s"] = time.monotonic() - added
     subprocess.run([sys.executable, "-m", "igw.cli", "tenants", "remove-key", key_id,
                     "--keys-file", str(keys_file)], check=True, timeout=60, capture_output=True)
     removed = time.monotonic()
-    deadline = time.monotonic() + 10
-    while True:
-        response = http.post("/v1/chat/completions", json=chat(), headers=bearer(key))
-        if response.status_code == 401 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert_401(response)
+    assert_401(post_until(http, 401, key, 10))
     fig["removed_key_refused_after_s"] = time.monotonic() - removed
     fig.emit()
 
