@@ -12,7 +12,7 @@ one-message route (bench/ext_proc_servers.py's bootstrap), the same echo backend
 one real redis-server (running for every target, so its idle cost is in each):
 - `none`: the h2-grpc ext_proc stub, no limits (the baseline);
 - `rls` (a): the same stub, plus Envoy's rate-limit filter before ext_proc, with a
-  per-route action sending the tenant (`x-tenant` request header) as the descriptor to
+  per-route action sending the tenant (a `generic_key` entry) as the descriptor to
   bench/ratelimit_servers.py's rate-limit service (grpcio asyncio, one pipelined
   INCRBY + EXPIRE per call);
 - `picker` (b): the stub with the product's limiter on it (admit per request, release
@@ -30,31 +30,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.ext_proc_servers import (
-    Running,
-    _ready,
-    bootstrap,
-    echo_backend,
-    measure,
-    post,
-    rotated,
-    versions,
-)
+from bench.ext_proc_servers import Running, _ready, bootstrap, machine_context
+from bench.ext_proc_servers import run as ext_proc_run
 from bench.output import write_results
-from bench.overhead import LUA, _body
-from bench.procs import Child, machine_cpu, start_child, wait_log_line, wait_until
+from bench.procs import Child, start_child, wait_log_line, wait_until
 from igw.ports import free_ports
 from igw_envoy.binary import envoy_command
 from igw_envoy.clusters import UPSTREAM_HTTP_OPTIONS
@@ -65,7 +54,9 @@ TARGETS = (BASELINE, "rls", "picker")
 CONCURRENCY = (1, 32)
 RATELIMIT = "envoy.filters.http.ratelimit"
 RATELIMIT_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit"
-TENANT_HEADER = "x-tenant"
+# wrk sends the same request every time: the tenant descriptor is a constant entry, the
+# same one entry a request_headers action on the tenant header would make
+TENANT = "bench"
 DOMAIN = "igw-bench"
 REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -97,8 +88,8 @@ def with_rate_limit_service(config: dict, rls_port: int) -> dict:
     }})
     for vhost in hcm["route_config"]["virtual_hosts"]:
         for route in vhost["routes"]:
-            route["route"]["rate_limits"] = [{"actions": [{"request_headers": {
-                "header_name": TENANT_HEADER, "descriptor_key": "tenant"}}]}]
+            route["route"]["rate_limits"] = [{"actions": [{"generic_key": {
+                "descriptor_key": "tenant", "descriptor_value": TENANT}}]}]
     config["static_resources"]["clusters"].append(_grpc_cluster("rls", rls_port))
     return config
 
@@ -302,29 +293,16 @@ def micro(redis_port: int, tenants: int = 50, calls: int = 200_000) -> dict[str,
             "sync_cpu_us": typical_cpu, "sync_wall_us": typical_wall}
 
 
-def run(duration: float, warmup: float, repeats: int,
-        work: Path) -> dict[str, dict[int, list[dict[str, Any]]]]:
-    body = _body()
-    script = work / "post.lua"
-    lua = LUA.replace("BODY", body).replace(
-        'wrk.headers["Content-Type"] = "application/json"',
-        f'wrk.headers["Content-Type"] = "application/json"\n'
-        f'wrk.headers["{TENANT_HEADER}"] = "bench"')
-    script.write_text(lua)
-    samples: dict[str, Any] = {t: {c: [] for c in CONCURRENCY} for t in TARGETS}
-    with echo_backend(work) as echo_port, redis(work) as redis_child:
-        samples["micro"] = micro(redis_child.port)  # type: ignore[attr-defined]
-        for round_no in range(repeats):
-            for target in rotated(list(TARGETS), round_no):
-                print(f"round {round_no + 1}/{repeats}: {target}", flush=True)
-                with running(target, work, echo_port, redis_child) as target_run:
-                    status, _ = post(target_run.url, body.encode())
-                    if status != 200:
-                        raise RuntimeError(f"{target}: a single request got {status}")
-                    for conc in CONCURRENCY:
-                        samples[target][conc].append(
-                            measure(target_run, script, conc, duration, warmup))
-    return samples
+def run(duration: float, warmup: float, repeats: int, work: Path) -> dict[str, Any]:
+    """(b)'s in-process costs, then every target in bench/ext_proc_servers.run's rounds."""
+    with redis(work) as redis_child:
+        figures = micro(redis_child.port)  # type: ignore[attr-defined]
+
+        def start(target: str, work: Path, echo_port: int) -> AbstractContextManager[Running]:
+            return running(target, work, echo_port, redis_child)
+
+        samples = ext_proc_run(list(TARGETS), duration, warmup, repeats, 1, work, start)
+    return {"micro": figures, "samples": samples}
 
 
 def main(argv: list[str] | None = None, command: str | None = None) -> int:
@@ -334,31 +312,19 @@ def main(argv: list[str] | None = None, command: str | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="rounds over every target")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    load_start = os.getloadavg()[0]
-    busy0, total0 = machine_cpu()
-    with tempfile.TemporaryDirectory(prefix="igw-ratelimit-") as tmp:
-        samples = run(args.duration, args.warmup, args.repeats, Path(tmp))
-    micro_figures = samples.pop("micro")
-    busy1, total1 = machine_cpu()
-    vers = versions()
-    wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
+    described = command or "python -m bench.ratelimit " + " ".join(argv or [])
+    with (machine_context(described) as context,
+          tempfile.TemporaryDirectory(prefix="igw-ratelimit-") as tmp):
+        measured = run(args.duration, args.warmup, args.repeats, Path(tmp))
     doc = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command or "python -m bench.ratelimit " + " ".join(argv or []),
-        "cores": os.cpu_count(),
-        "load_average_start": load_start,
-        "load_average_end": os.getloadavg()[0],
-        "machine_busy": (busy1 - busy0) / max(total1 - total0, 1e-9),
-        "versions": vers,
-        "versions_line": ", ".join(f"{k} {v}" for k, v in vers.items()),
-        "wrk": (wrk.stdout.splitlines() or ["wrk ?"])[0].split(" [")[0],
+        **context,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "repeats": args.repeats,
         "targets": list(TARGETS),
-        "summary": summarize(samples),
-        "micro": micro_figures,
-        "samples": samples,
+        "summary": summarize(measured["samples"]),
+        "micro": measured["micro"],
+        "samples": measured["samples"],
     }
     write_results(args.out, "ratelimit", doc, render(doc))
     return 0
