@@ -231,18 +231,25 @@ def running(target: str, work: Path, echo_port: int, messages: int = 1) -> Itera
             children.append(stub)
             wait_log_line(stub, lambda line: line.startswith("stub ready"), 20)
             pids["stub"] = stub.pid
-        config = logs / "envoy.yaml"
-        config.write_text(yaml.safe_dump(bootstrap(
-            listen, admin, echo_port, None if target == BASELINE else stub_port, messages)))
-        envoy = start_child("envoy", envoy_command(config, log_level="warning"),
-                            logs / "envoy.log")
-        children.append(envoy)
-        wait_until(lambda: _ready(admin), envoy, 30, "envoy")
+        envoy = start_envoy(bootstrap(
+            listen, admin, echo_port, None if target == BASELINE else stub_port, messages),
+            admin, logs, children)
         pids["envoy"] = envoy.pid
         yield Running(target, f"http://127.0.0.1:{listen}{INFERENCE_PATH}", admin, pids)
     finally:
         for child in reversed(children):
             child.stop()
+
+
+def start_envoy(config: dict, admin: int, logs: Path, children: list[Child]) -> Child:
+    """Envoy on `config` (written to logs/envoy.yaml), added to `children` (stopped by the
+    caller), once its admin port says ready."""
+    path = logs / "envoy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    envoy = start_child("envoy", envoy_command(path, log_level="warning"), logs / "envoy.log")
+    children.append(envoy)
+    wait_until(lambda: _ready(admin), envoy, 30, "envoy")
+    return envoy
 
 
 def _ready(admin: int) -> bool:

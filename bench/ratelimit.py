@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -38,14 +37,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench.ext_proc_servers import Running, _ready, bootstrap, machine_context
+from bench.ext_proc_servers import Running, _median, bootstrap, machine_context, start_envoy
 from bench.ext_proc_servers import run as ext_proc_run
 from bench.output import write_results
-from bench.procs import Child, start_child, wait_log_line, wait_until
+from bench.procs import Child, start_child, wait_log_line
 from igw.ports import free_ports
-from igw_envoy.binary import envoy_command
 from igw_envoy.clusters import UPSTREAM_HTTP_OPTIONS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -138,21 +134,11 @@ def running(target: str, work: Path, echo_port: int, redis_child: Child) -> Iter
             children.append(rls)
             pids["rls"] = rls.pid
             config = with_rate_limit_service(config, rls_port)
-        path = logs / "envoy.yaml"
-        path.write_text(yaml.safe_dump(config))
-        envoy = start_child("envoy", envoy_command(path, log_level="warning"),
-                            logs / "envoy.log")
-        children.append(envoy)
-        wait_until(lambda: _ready(admin), envoy, 30, "envoy")
-        pids["envoy"] = envoy.pid
+        pids["envoy"] = start_envoy(config, admin, logs, children).pid
         yield Running(target, f"http://127.0.0.1:{listen}/v1/chat/completions", admin, pids)
     finally:
         for child in reversed(children):
             child.stop()
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def summarize(samples: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any]:
