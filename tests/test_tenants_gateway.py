@@ -21,6 +21,7 @@ import openai
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from tests.docker_env import METRICS_MODULE, defined_series, exposed
 from tests.header_pod import header_pod
 from tests.jwt_keys import es256_token, jwks
 from tests.procs import gateway, gateway_config, sim_fleet
@@ -276,6 +277,11 @@ def test_per_tenant_usage_metrics_name_configured_tenants_only(stack, http):
     assert samples['igw_tenant_prompt_tokens_total{tenant="team-a"}'] >= 1
     assert samples['igw_tenant_unauthorized_total{reason="invalid"}'] >= 1
     assert samples["igw_tenant_keys"] >= 3
+    # the dashboard tests read series names from gateway_metrics.py's source: a picker
+    # with tenants must expose none they cannot see there
+    names = {k.partition("{")[0] for k in samples if k.startswith("igw_")}
+    assert names <= exposed(defined_series(METRICS_MODULE.read_text())), names
+    assert "igw_tenant_limits_shared" in names
     tenants = {name.split('tenant="')[1].split('"')[0] for name in samples
                if name.startswith("igw_tenant") and 'tenant="' in name}
     assert tenants == {"team-a", "team-tight", "team-b", "team-one"}
