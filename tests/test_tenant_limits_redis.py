@@ -73,12 +73,12 @@ async def replicas(server: RedisServer, count: int, table: dict, prefix: str,
 
 
 async def drive(lim: Limiter, load: Load, until: float, tokens: int = 1,
-                pause_s: float = 0.001) -> None:
+                pause_s: float = 0.001, tenant: str = "t") -> None:
     """Admit (and release) as fast as `pause_s` allows until `until` (monotonic)."""
     while time.monotonic() < until:
         now = time.monotonic()
         try:
-            grant = lim.admit("t", "m", tokens, now)
+            grant = lim.admit(tenant, "m", tokens, now)
         except RateLimited:
             load.refused += 1
         except LimitsUnavailable:
@@ -101,11 +101,11 @@ def full_windows(lim: Limiter, start: float, end: float) -> range:
 
 
 async def run_load(lims: list[Limiter], seconds: float, tasks_per: list[int],
-                   tokens: int = 1) -> tuple[Load, float, float]:
+                   tokens: int = 1, tenant: str = "t") -> tuple[Load, float, float]:
     load = Load()
     start = time.monotonic()
     until = start + seconds
-    await asyncio.gather(*(drive(lim, load, until, tokens)
+    await asyncio.gather(*(drive(lim, load, until, tokens, tenant=tenant)
                            for lim, n in zip(lims, tasks_per, strict=True) for _ in range(n)))
     return load, start, until
 
@@ -122,14 +122,20 @@ def within(total: float, limit: float, tolerance: float = 0.05) -> bool:
 
 async def test_two_replicas_enforce_the_total(server: RedisServer) -> None:
     """Even load on two replicas, several times the limit: each full window's total
-    admitted across both is the limit within ±5 %."""
-    async with replicas(server, 2, limits_table(), f"t{time.monotonic_ns()}") as lims:
-        load, start, end = await run_load(lims, 4 * WINDOW_S + 0.5, [2, 2])
+    admitted across both is the limit within ±5 %; at the same time another tenant's
+    tokens per window (250-token reservations, 120 requests' worth) likewise."""
+    table = {**limits_table(), ("u", ""): RateLimits(tokens_per_minute=TOKENS)}
+    async with replicas(server, 2, table, f"t{time.monotonic_ns()}") as lims:
+        (load, start, end), (tload, _, _) = await asyncio.gather(
+            run_load(lims, 4 * WINDOW_S + 0.5, [2, 2]),
+            run_load(lims, 4 * WINDOW_S + 0.5, [1, 1], tokens=250, tenant="u"))
     windows = full_windows(lims[0], start, end)
-    assert len(windows) >= 3 and not load.errors
+    assert len(windows) >= 3 and not load.errors and not tload.errors
     totals = [load.admitted[w] for w in windows]
     assert all(within(t, LIMIT) for t in totals), totals
     assert load.refused > sum(totals)  # the load really was over the limit
+    tokens = [tload.tokens[w] for w in windows]
+    assert all(within(t, TOKENS) for t in tokens), tokens
 
 
 async def test_skewed_load_still_reaches_the_limit(server: RedisServer) -> None:
@@ -138,15 +144,6 @@ async def test_skewed_load_still_reaches_the_limit(server: RedisServer) -> None:
         load, start, end = await run_load(lims, 4 * WINDOW_S + 0.5, [4, 0])
     totals = [load.admitted[w] for w in full_windows(lims[0], start, end)]
     assert all(within(t, LIMIT) for t in totals), totals
-
-
-async def test_tokens_total_within_five_percent(server: RedisServer) -> None:
-    """Tokens per window with 250-token reservations (120 requests' worth)."""
-    table = {("t", ""): RateLimits(tokens_per_minute=TOKENS)}
-    async with replicas(server, 2, table, f"t{time.monotonic_ns()}") as lims:
-        load, start, end = await run_load(lims, 4 * WINDOW_S + 0.5, [2, 2], tokens=250)
-    totals = [load.tokens[w] for w in full_windows(lims[0], start, end)]
-    assert all(within(t, TOKENS) for t in totals), totals and not load.errors
 
 
 async def test_redis_killed_open_then_back(server: RedisServer) -> None:
