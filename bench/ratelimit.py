@@ -105,15 +105,19 @@ def redis(work: Path) -> Iterator[Child]:
         child.stop()
 
 
-def _server(kind: str, port: int, redis_port: int, logs: Path) -> Child:
+def _server(kind: str, port: int, redis_port: int, logs: Path, limit: int | None) -> Child:
+    extra = [] if limit is None else ["--limit", str(limit)]
     child = start_child(kind, [sys.executable, "-m", "bench.ratelimit_servers", kind,
-                               str(port), str(redis_port)], logs / f"{kind}.log")
+                               str(port), str(redis_port), *extra], logs / f"{kind}.log")
     wait_log_line(child, lambda line: line.startswith("ratelimit ready"), 20)
     return child
 
 
 @contextlib.contextmanager
-def running(target: str, work: Path, echo_port: int, redis_child: Child) -> Iterator[Running]:
+def running(target: str, work: Path, echo_port: int, redis_child: Child,
+            limit: int | None = None) -> Iterator[Running]:
+    """One target up behind Envoy; `limit` (requests per minute) for tests that check that
+    each design really refuses (the benchmark's default refuses nothing)."""
     listen, admin, stub_port, rls_port = free_ports(4)
     logs = Path(tempfile.mkdtemp(prefix=f"{target}-", dir=work))
     redis_port = redis_child.port  # type: ignore[attr-defined]
@@ -121,7 +125,7 @@ def running(target: str, work: Path, echo_port: int, redis_child: Child) -> Iter
     try:
         pids = {"redis": redis_child.pid}
         if target == "picker":
-            stub = _server("picker", stub_port, redis_port, logs)
+            stub = _server("picker", stub_port, redis_port, logs, limit)
         else:
             stub = start_child("stub", [sys.executable, "-m", "bench.ext_proc_stubs",
                                         "h2-grpc", str(stub_port)], logs / "stub.log")
@@ -130,7 +134,7 @@ def running(target: str, work: Path, echo_port: int, redis_child: Child) -> Iter
         pids["stub"] = stub.pid
         config = bootstrap(listen, admin, echo_port, stub_port, 1)
         if target == "rls":
-            rls = _server("rls", rls_port, redis_port, logs)
+            rls = _server("rls", rls_port, redis_port, logs, limit)
             children.append(rls)
             pids["rls"] = rls.pid
             config = with_rate_limit_service(config, rls_port)
