@@ -221,3 +221,29 @@ def test_redis_lost_closed_refuses_limited_keys_only() -> None:
     assert dict(error_headers(exc))["retry-after"] == "1"
     assert admitted(lim, 3, T0, tenant="unlimited") == 3
     assert lim.status()["refused"]["unavailable"] == 1
+
+
+def test_every_idle_key_is_in_a_sync_within_a_second() -> None:
+    """A sync carries the keys used since the last one and a rotating slice of the rest:
+    at 20 syncs a second, each of 101 idle keys is carried within 20 syncs."""
+    from picker.tenants.limits_sync import IDLE_REFRESH_S, LimitSync
+
+    lim = limiter({(f"t{i}", ""): RateLimits(requests_per_minute=5) for i in range(101)},
+                  sync_interval_s=0.05)
+    lim.synced_once = True
+    sync = LimitSync(lim, None, "p", replica="r", timeout_s=0.1)
+    keys = lim.all_keys()
+    for key in keys:
+        key.dirty = False
+    lim.release(lim.admit("t7", "m", 0, T0))  # a used key: in every sync until carried
+    seen: set[str] = set()
+    syncs = round(IDLE_REFRESH_S / lim.sync_interval_s)
+    for n in range(syncs):
+        due = sync._due(keys)
+        assert len(due) <= 7  # 6 idle (ceil(101 / 20)) + the used one
+        if n == 0:
+            assert "t7|" in {k.name for k in due}
+        for key in due:
+            key.dirty = False
+        seen |= {k.name for k in due}
+    assert seen == {k.name for k in keys}

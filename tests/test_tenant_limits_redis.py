@@ -261,3 +261,25 @@ async def test_stopped_replica_leaves_at_once(server: RedisServer) -> None:
         await b.stop()
         took = await eventually(lambda: a.keys["t"][""].conc_seen == 0 and a.replicas == 1, 2)
         assert took <= 3 * SYNC_S + 0.2
+
+
+async def test_replicas_with_skewed_clocks_count_the_same_windows(server: RedisServer) -> None:
+    """Windows are counted on Redis TIME: a replica whose own clock is 7 s off agrees
+    with the other on the window index once synced (within the sync round trip)."""
+    settings = CoordinationConfig(url=server.url, timeout_s=0.25)
+    lims = []
+    try:
+        for i, skew in enumerate((0.0, 7.0)):
+            lim = Limiter(window_s=WINDOW_S, sync_interval_s=SYNC_S,
+                          clock=lambda skew=skew: time.monotonic() + skew,
+                          wall_offset=100.0 * i)  # before any sync: far apart
+            lim.configure(limits_table())
+            await lim.start(lambda: redis_client(settings, None, 0.25, 2), "skew",
+                            replica=f"r{i}")
+            lims.append(lim)
+        await eventually(lambda: all(lim.synced_once for lim in lims), 2)
+        shared = [lim.clock() + lim.offset for lim in lims]
+        assert abs(shared[0] - shared[1]) < 0.05, shared
+    finally:
+        for lim in lims:
+            await lim.stop()
