@@ -19,12 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.docker_env import METRICS_MODULE, defined_series, exposed
 from tests.header_pod import header_pod
 from tests.jwt_keys import es256_token, jwks
 from tests.procs import gateway, gateway_config, sim_fleet
+from tests.test_reliability_reload import write_config
 from tests.test_reliability_support import Figures, picker_metrics
 
 LLAMA = "llama-3.1-8b"
@@ -320,3 +322,23 @@ def test_jwt_claim_names_the_tenant_and_a_forged_header_does_not(tmp_path):
                 assert_401(post(no_claim, **{"x-gateway-tenant": "team-a"}))
                 assert_401(post(es256_token(key, {**claims, "team": "team-z"})))
                 assert post(None).status_code == 401  # Envoy's own JWT refusal
+
+
+def test_a_tenant_added_by_config_reload_is_served_and_limited(stack, http):
+    """Runs last in the module: it changes the shared gateway's config."""
+    gw, _, _, keys_file = stack
+    key = add_key(keys_file, "team-new")  # a key whose tenant is not configured yet
+    assert_401(post_until(http, 200, key, 2))
+    doc = yaml.safe_load(gw.config_path.read_text())
+    doc["spec"]["tenants"]["list"].append(
+        {"name": "team-new", "limits": {"requestsPerMinute": 1}})
+    write_config(gw.config_path, doc)
+    started = time.monotonic()
+    served = post_until(http, 200, key, 10)
+    assert served.status_code == 200, served.text
+    assert served.headers["x-ratelimit-limit-requests"] == "1"
+    refused = http.post("/v1/chat/completions", json=chat(), headers=bearer(key))
+    assert refused.status_code == 429
+    fig = Figures("tenant_config_reload")
+    fig["new_tenant_served_after_s"] = time.monotonic() - started
+    fig.emit()
