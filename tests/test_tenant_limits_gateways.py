@@ -72,6 +72,8 @@ def test_two_gateways_under_load_admit_the_limit_within_5_percent(tmp_path):
                  for g in gws]
         results = [f.result(timeout=DURATION + 60) for f in loads]
         assert int(time.time() // WINDOW_S) == window, "the run left its window"
+        sync_errors = sum(picker_metrics(g.ports["metrics"]).get(
+            "igw_tenant_limits_sync_errors_total", 0) for g in gws)
     statuses = [r.statuses() for r in results]
     admitted = sum(s[200] for s in statuses)
     assert all(set(s) <= {200, 429} for s in statuses), [r.summary() for r in results]
@@ -87,4 +89,5 @@ def test_two_gateways_under_load_admit_the_limit_within_5_percent(tmp_path):
     fig["admitted"] = admitted
     fig["admitted_per_gateway"] = [s[200] for s in statuses]
     fig["error_vs_limit_pct"] = round(100 * (admitted - LIMIT) / LIMIT, 2)
+    fig["sync_errors"] = sync_errors
     fig.emit()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -283,3 +285,27 @@ async def test_replicas_with_skewed_clocks_count_the_same_windows(server: RedisS
     finally:
         for lim in lims:
             await lim.stop()
+
+
+async def test_a_failed_sync_freezes_the_claims(server: RedisServer) -> None:
+    """A sync that times out may have been applied by Redis (a new, smaller claim held
+    there): until a sync succeeds, the replica admits nothing beyond what it had sent."""
+    table = {("t", ""): RateLimits(requests_per_minute=1000, max_concurrent_requests=50)}
+    async with replicas(server, 1, table, f"t{time.monotonic_ns()}") as (lim,):
+        sync = lim._sync
+        await cancel_and_wait([sync._task], 2)  # syncs by hand from here
+        await sync.sync_once()
+        held = [lim.admit("t", "m", 0, time.monotonic()) for _ in range(3)]
+        # Redis paused: the call times out, Redis applies it once resumed
+        os.kill(server.child.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(TimeoutError):
+                await sync.sync_once()
+        finally:
+            os.kill(server.child.pid, signal.SIGCONT)
+        with pytest.raises(RateLimited):
+            lim.admit("t", "m", 0, time.monotonic())
+        await sync.sync_once()  # a sync that succeeds: new claims
+        held.append(lim.admit("t", "m", 0, time.monotonic()))
+        for grant in held:
+            lim.release(grant)

@@ -33,6 +33,8 @@ Concurrency is a level, not a count: each replica publishes its in-flight count
 per key under its name; a replica that stops syncing drops out of the live set
 after `replica_ttl_s`, its in-flight count and its claims with it.
 
+A sync that fails may have been applied (Redis then holds a new claim): until one
+succeeds, this replica admits nothing beyond what it had sent (limits_sync).
 Redis unreachable for `stale_after_s`: `failure_mode` "open" keeps enforcing, on
 this replica's own counts alone, its share of each limit (limit ÷ the replicas
 last seen live, rounded up): the total holds if every replica lost Redis, a

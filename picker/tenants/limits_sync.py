@@ -274,8 +274,9 @@ class LimitSync:
             async with asyncio.timeout(self.timeout_s):
                 reply = await self._script(args=args)
         except BaseException:
-            for key in keys:
+            for key, snap in zip(keys, sent, strict=True):
                 key.dirty = True
+                snap.freeze(key)
             raise
         t1 = lim.clock()
         values = [int(v) for v in reply.split()]
@@ -337,6 +338,15 @@ class _Sent:
     def args(self) -> list[Any]:
         # demand: twice what was asked for since the last sync
         return [*self.limits, *self.mine, self.inflight, *(2 * a for a in self.attempted)]
+
+    def freeze(self, key: _Key) -> None:
+        """The sync failed, perhaps after Redis applied it: Redis may then hold a new
+        claim, smaller than what is left of the old one. Until a sync succeeds this
+        replica admits nothing beyond what it had sent (never past either claim)."""
+        for n, rate in enumerate((key.requests, key.tokens)):
+            if rate is not None:
+                rate.headroom = min(rate.headroom, self.spent[n])
+        key.conc_headroom = min(key.conc_headroom, self.inflight - key.conc_synced)
 
     def take(self, key: _Key, w: int, reply: list[int]) -> None:
         r_cur, t_cur, r_prev, t_prev, conc, h_r, h_t, h_c = reply
