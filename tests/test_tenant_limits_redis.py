@@ -287,25 +287,43 @@ async def test_replicas_with_skewed_clocks_count_the_same_windows(server: RedisS
             await lim.stop()
 
 
-async def test_a_failed_sync_freezes_the_claims(server: RedisServer) -> None:
-    """A sync that times out may have been applied by Redis (a new, smaller claim held
-    there): until a sync succeeds, the replica admits nothing beyond what it had sent."""
-    table = {("t", ""): RateLimits(requests_per_minute=1000, max_concurrent_requests=50)}
-    async with replicas(server, 1, table, f"t{time.monotonic_ns()}") as (lim,):
-        sync = lim._sync
-        await cancel_and_wait([sync._task], 2)  # syncs by hand from here
-        await sync.sync_once()
-        held = [lim.admit("t", "m", 0, time.monotonic()) for _ in range(3)]
-        # Redis paused: the call times out, Redis applies it once resumed
+async def test_what_is_left_of_a_claim_stays_held_through_a_failed_sync(
+        server: RedisServer) -> None:
+    """A replica spends what is left of its claim while a sync is in flight, so Redis
+    must keep holding that for it, even when the call times out after Redis applied it
+    (Redis paused mid-call, then resumed): the other replica never gets it."""
+    limit = 100
+    table = {("t", ""): RateLimits(requests_per_minute=limit)}
+    async with replicas(server, 2, table, f"t{time.monotonic_ns()}") as (a, b):
+        for lim in (a, b):  # syncs by hand from here
+            await cancel_and_wait([lim._sync._task], 2)
+        await a._sync.sync_once()
+        await b._sync.sync_once()
+        await a._sync.sync_once()
+        admitted_b = 0
+        for _ in range(2 * limit):  # b spends its claim and asks for much more
+            with contextlib.suppress(RateLimited):
+                b.release(b.admit("t", "m", 0, time.monotonic()))
+                admitted_b += 1
+        await b._sync.sync_once()  # its demand is in Redis: a's next claim is nothing
+        left = a.keys["t"][""].requests.headroom
+        assert left > 0 and admitted_b > 0
         os.kill(server.child.pid, signal.SIGSTOP)
         try:
             with pytest.raises(TimeoutError):
-                await sync.sync_once()
+                await a._sync.sync_once()  # sent with a's demand: now zero
         finally:
             os.kill(server.child.pid, signal.SIGCONT)
-        with pytest.raises(RateLimited):
-            lim.admit("t", "m", 0, time.monotonic())
-        await sync.sync_once()  # a sync that succeeds: new claims
-        held.append(lim.admit("t", "m", 0, time.monotonic()))
-        for grant in held:
-            lim.release(grant)
+        admitted_a = 0
+        for _ in range(limit):  # a keeps admitting on what was left, no more
+            with contextlib.suppress(RateLimited):
+                a.release(a.admit("t", "m", 0, time.monotonic()))
+                admitted_a += 1
+        assert admitted_a == left
+        for _ in range(2 * limit):  # b, hungry, syncing, gets the rest and nothing of a's
+            await b._sync.sync_once()
+            with contextlib.suppress(RateLimited):
+                b.release(b.admit("t", "m", 0, time.monotonic()))
+                admitted_b += 1
+        assert admitted_a + admitted_b <= limit, (admitted_a, admitted_b)
+        assert admitted_a + admitted_b >= limit - 1, (admitted_a, admitted_b)

@@ -33,8 +33,9 @@ Concurrency is a level, not a count: each replica publishes its in-flight count
 per key under its name; a replica that stops syncing drops out of the live set
 after `replica_ttl_s`, its in-flight count and its claims with it.
 
-A sync that fails may have been applied (Redis then holds a new claim): until one
-succeeds, this replica admits nothing beyond what it had sent (limits_sync).
+A replica keeps spending what is left of its claim while a sync is in flight, so
+Redis keeps holding at least that for it until the next sync (limits_sync): a sync
+that is slow, or fails after Redis applied it, cannot let the total overshoot.
 Redis unreachable for `stale_after_s`: `failure_mode` "open" keeps enforcing, on
 this replica's own counts alone, its share of each limit (limit ÷ the replicas
 last seen live, rounded up): the total holds if every replica lost Redis, a

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -60,10 +61,10 @@ STOP_TIMEOUT_S = 1.0
 # its demand (cost asked for since the last sync) of each. Read back per key: the global
 # requests and tokens of both windows, the live replicas' in-flight, and this replica's
 # new claims (headroom) of requests, tokens and concurrency.
-# Each key is two arguments (its name, then its eleven numbers in one space-separated
+# Each key is two arguments (its name, then its fourteen numbers in one space-separated
 # string) and the answer is one string of numbers: packing and parsing a thousand small
 # values one by one was most of a sync's CPU in redis-py.
-SENT_PER_KEY = 11
+SENT_PER_KEY = 14
 READ_PER_KEY = 8
 
 # ARGV: prefix, replica, replica ttl ms, key ttl ms, current window, previous window,
@@ -151,8 +152,14 @@ while i <= #ARGV do
   local hr = claim(lr, rp * (1 - f) + rc, peer.hr, wr, peer.wr + wr)
   local ht = claim(lt, tp * (1 - f) + tc, peer.ht, wt, peer.wt + wt)
   local hc = claim(lc, peer.i, peer.hc, wcc, peer.wc + wcc)
-  redis.call('HSET', hk, 'i|' .. me, mine, 'hr|' .. me, hr, 'ht|' .. me, ht,
-             'hc|' .. me, hc, 'wr|' .. me, wr, 'wt|' .. me, wt, 'wc|' .. me, wcc)
+  -- what is held for this replica: its new claim, or what is left of the old one if
+  -- more (it keeps spending that until this answer arrives); either fits, the old one
+  -- was held already
+  local kr = math.max(hr, tonumber(v[12]))
+  local kt = math.max(ht, tonumber(v[13]))
+  local kc = math.max(hc, tonumber(v[14]))
+  redis.call('HSET', hk, 'i|' .. me, mine, 'hr|' .. me, kr, 'ht|' .. me, kt,
+             'hc|' .. me, kc, 'wr|' .. me, wr, 'wt|' .. me, wt, 'wc|' .. me, wcc)
   redis.call('PEXPIRE', hk, kttl)
   for _, x in ipairs({rc, tc, rp, tp, peer.i, hr, ht, hc}) do
     out[#out + 1] = string.format('%d', x)
@@ -274,9 +281,10 @@ class LimitSync:
             async with asyncio.timeout(self.timeout_s):
                 reply = await self._script(args=args)
         except BaseException:
-            for key, snap in zip(keys, sent, strict=True):
+            # applied or not, what was left of each claim is still held for this
+            # replica (the script keeps it): spending it stays within the limit
+            for key in keys:
                 key.dirty = True
-                snap.freeze(key)
             raise
         t1 = lim.clock()
         values = [int(v) for v in reply.split()]
@@ -309,15 +317,18 @@ def _limit(value: int | None) -> int:
 class _Sent:
     """What one sync sent for one key, to apply the answer against."""
 
-    __slots__ = ("attempted", "inflight", "limits", "mine", "spent")
+    __slots__ = ("attempted", "inflight", "left", "limits", "mine", "spent")
 
     def __init__(self, limits: list[int], mine: list[int], spent: list[int],
-                 attempted: list[int], inflight: int) -> None:
+                 attempted: list[int], inflight: int, left: list[int]) -> None:
         self.limits = limits  # requests, tokens, concurrency; -1: none
         self.mine = mine  # r_cur, t_cur, r_prev, t_prev
         self.spent = spent  # requests, tokens
         self.attempted = attempted  # requests, tokens, concurrency
         self.inflight = inflight
+        # what is left of the current claims (requests, tokens, concurrency): this
+        # replica may spend it until the answer arrives, so Redis keeps holding it
+        self.left = left
 
     @classmethod
     def of(cls, key: _Key, w: int) -> _Sent:
@@ -333,20 +344,15 @@ class _Sent:
                    [r.spent if r is not None else 0 for r in rates],
                    [*(r.attempted if r is not None else 0 for r in rates),
                     key.conc_attempted],
-                   key.inflight)
+                   key.inflight,
+                   [*(max(0, math.floor(r.headroom - r.spent)) if r is not None else 0
+                      for r in rates),
+                    max(0, key.conc_headroom - (key.inflight - key.conc_synced))])
 
     def args(self) -> list[Any]:
         # demand: twice what was asked for since the last sync
-        return [*self.limits, *self.mine, self.inflight, *(2 * a for a in self.attempted)]
-
-    def freeze(self, key: _Key) -> None:
-        """The sync failed, perhaps after Redis applied it: Redis may then hold a new
-        claim, smaller than what is left of the old one. Until a sync succeeds this
-        replica admits nothing beyond what it had sent (never past either claim)."""
-        for n, rate in enumerate((key.requests, key.tokens)):
-            if rate is not None:
-                rate.headroom = min(rate.headroom, self.spent[n])
-        key.conc_headroom = min(key.conc_headroom, self.inflight - key.conc_synced)
+        return [*self.limits, *self.mine, self.inflight, *(2 * a for a in self.attempted),
+                *self.left]
 
     def take(self, key: _Key, w: int, reply: list[int]) -> None:
         r_cur, t_cur, r_prev, t_prev, conc, h_r, h_t, h_c = reply
