@@ -10,9 +10,11 @@ EVALSHA (atomic: each claim sees every other replica's current one):
   Absolute values, not increments: a sync that timed out after Redis applied it
   is harmless when repeated, and a Redis that restarted empty gets every
   replica's counts back at its next sync;
-- per key, `<prefix>:rl:k:<key>`: per replica its in-flight requests (`i|`), its
-  claims (`hr|`, `ht|`, `hc|`: requests, tokens, concurrency) and its demands
-  (`wr|`, `wt|`, `wc|`); only the live replicas' fields count;
+- per key, `<prefix>:rl:k:<key>`: per replica its in-flight requests (`i|`), what
+  is held for it (`hr|`, `ht|`, `hc|`: requests, tokens, concurrency: its new claim,
+  or what was left of its previous one when it sent this sync if more, since it
+  spends that until the answer arrives) and its demands (`wr|`, `wt|`, `wc|`); only
+  the live replicas' fields count;
 - liveness: `<prefix>:rl:replicas`, a sorted set of replica → Redis time (ms) of its
   last sync; members silent for `replica_ttl_s` are removed (and their fields), so a
   dead replica's concurrency and claims age out within replica_ttl_s plus one sync
