@@ -246,7 +246,8 @@ class LimitSync:
         while True:
             try:
                 await self.sync_once()
-            except (RedisError, OSError, TimeoutError) as exc:
+            except Exception as exc:  # Redis down, slow, or an answer it cannot read:
+                # whatever it is, retry later; the limits degrade, never the requests
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:200]
                 if self.connected:
