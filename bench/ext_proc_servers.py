@@ -42,7 +42,8 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -230,18 +231,25 @@ def running(target: str, work: Path, echo_port: int, messages: int = 1) -> Itera
             children.append(stub)
             wait_log_line(stub, lambda line: line.startswith("stub ready"), 20)
             pids["stub"] = stub.pid
-        config = logs / "envoy.yaml"
-        config.write_text(yaml.safe_dump(bootstrap(
-            listen, admin, echo_port, None if target == BASELINE else stub_port, messages)))
-        envoy = start_child("envoy", envoy_command(config, log_level="warning"),
-                            logs / "envoy.log")
-        children.append(envoy)
-        wait_until(lambda: _ready(admin), envoy, 30, "envoy")
+        envoy = start_envoy(bootstrap(
+            listen, admin, echo_port, None if target == BASELINE else stub_port, messages),
+            admin, logs, children)
         pids["envoy"] = envoy.pid
         yield Running(target, f"http://127.0.0.1:{listen}{INFERENCE_PATH}", admin, pids)
     finally:
         for child in reversed(children):
             child.stop()
+
+
+def start_envoy(config: dict, admin: int, logs: Path, children: list[Child]) -> Child:
+    """Envoy on `config` (written to logs/envoy.yaml), added to `children` (stopped by the
+    caller), once its admin port says ready."""
+    path = logs / "envoy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    envoy = start_child("envoy", envoy_command(path, log_level="warning"), logs / "envoy.log")
+    children.append(envoy)
+    wait_until(lambda: _ready(admin), envoy, 30, "envoy")
+    return envoy
 
 
 def _ready(admin: int) -> bool:
@@ -418,9 +426,38 @@ def versions() -> dict[str, str]:
     return out
 
 
+@contextlib.contextmanager
+def machine_context(command: str) -> Iterator[dict[str, Any]]:
+    """The run's description (date, command, cores, load and busy share over the run,
+    versions, wrk); filled in when the block ends."""
+    context: dict[str, Any] = {}
+    load_start = os.getloadavg()[0]
+    busy0, total0 = machine_cpu()
+    yield context
+    busy1, total1 = machine_cpu()
+    vers = versions()
+    wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
+    context.update({
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        "cores": os.cpu_count(),
+        "load_average_start": load_start,
+        "load_average_end": os.getloadavg()[0],
+        "machine_busy": (busy1 - busy0) / max(total1 - total0, 1e-9),
+        "versions": vers,
+        "versions_line": ", ".join(f"{k} {v}" for k, v in vers.items()),
+        "wrk": (wrk.stdout.splitlines() or ["wrk ?"])[0].split(" [")[0],
+    })
+
+
 def run(targets: list[str], duration: float, warmup: float, repeats: int, messages: int,
-        work: Path) -> dict[str, dict[int, list[dict[str, Any]]]]:
-    """Every target at every concurrency, `repeats` rounds in rotated order."""
+        work: Path, start: Callable[[str, Path, int], AbstractContextManager[Running]]
+        | None = None) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """Every target at every concurrency, `repeats` rounds in rotated order; `start(target,
+    work, echo_port)` brings a target up (default: `running`, the stubs)."""
+    if start is None:
+        def start(target: str, work: Path, echo_port: int) -> AbstractContextManager[Running]:
+            return running(target, work, echo_port, messages)
     body = _body()
     script = work / "post.lua"
     script.write_text(LUA.replace("BODY", body))
@@ -430,7 +467,7 @@ def run(targets: list[str], duration: float, warmup: float, repeats: int, messag
         for round_no in range(repeats):
             for target in rotated(targets, round_no):
                 print(f"round {round_no + 1}/{repeats}: {target}", flush=True)
-                with running(target, work, echo_port, messages) as target_run:
+                with start(target, work, echo_port) as target_run:
                     status, _ = post(target_run.url, body.encode())
                     if status != 200:
                         raise RuntimeError(f"{target}: a single request got {status}")
@@ -453,25 +490,14 @@ def main(argv: list[str] | None = None, command: str | None = None) -> int:
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     if BASELINE not in targets:
         targets.insert(0, BASELINE)
-    load_start = os.getloadavg()[0]
-    busy0, total0 = machine_cpu()
-    with tempfile.TemporaryDirectory(prefix="igw-ext-proc-") as tmp:
+    described = command or "python -m bench.ext_proc_servers " + " ".join(argv or [])
+    with (machine_context(described) as context,
+          tempfile.TemporaryDirectory(prefix="igw-ext-proc-") as tmp):
         samples = run(targets, args.duration, args.warmup, args.repeats, args.messages,
                       Path(tmp))
-    busy1, total1 = machine_cpu()
-    vers = versions()
-    wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
     doc = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command or "python -m bench.ext_proc_servers " + " ".join(argv or []),
-        "cores": os.cpu_count(),
-        "load_average_start": load_start,
-        "load_average_end": os.getloadavg()[0],
-        "machine_busy": (busy1 - busy0) / max(total1 - total0, 1e-9),
-        "versions": vers,
-        "versions_line": ", ".join(f"{k} {v}" for k, v in vers.items()),
-        "loop": "uvloop" if vers["uvloop"] != "not installed" else "asyncio",
-        "wrk": (wrk.stdout.splitlines() or ["wrk ?"])[0].split(" [")[0],
+        **context,
+        "loop": "uvloop" if context["versions"]["uvloop"] != "not installed" else "asyncio",
         "messages": args.messages,
         "duration_s": args.duration,
         "warmup_s": args.warmup,

@@ -105,6 +105,17 @@ def _cpu(pids: dict[str, int]) -> dict[str, float]:
     return {name: cpu_seconds(pid) or 0.0 for name, pid in pids.items()}
 
 
+def _with_headers(script: Path, headers: dict[str, str]) -> Path:
+    """The wrk script, plus headers this router needs on every request (an API key)."""
+    if not headers:
+        return script
+    lines = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
+    out = script.with_name(f"{script.stem}-{abs(hash(lines))}.lua")
+    out.write_text(script.read_text().replace('wrk.method = "POST"\n',
+                                              'wrk.method = "POST"\n' + lines, 1))
+    return out
+
+
 def measure(target: str, echo_port: int, echo_pid: int, work: Path, tls, duration: float,
             script: Path) -> dict[str, Any]:
     router: Router | None = None
@@ -120,6 +131,7 @@ def measure(target: str, echo_port: int, echo_pid: int, work: Path, tls, duratio
             url = router.url_for_pool(MODEL)
             pids = {"echo": echo_pid, **router.pids()}
             pids.pop("igw-supervisor", None)
+            script = _with_headers(script, router.request_headers())
         # idle CPU of the router's processes (background work such as metrics scraping)
         c0 = _cpu(pids)
         time.sleep(IDLE_S)

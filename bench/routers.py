@@ -69,6 +69,7 @@ class RouterSpec:
 
     def make(self) -> Router:
         cls = {"igw": GatewayRouter, "igw-coord": CoordinatedGatewayRouter,
+               "igw-tenants": TenantsGatewayRouter,
                "envoy": EnvoyRouter, "sglang": SglangRouter, "vllm": VllmRouter}[self.kind]
         return cls(self)
 
@@ -85,6 +86,8 @@ ROUTERS: dict[str, RouterSpec] = {
         RouterSpec("igw-llm-d-noadmit", "igw", "llm-d", "gateway llm-d, admission off"),
         # spec.coordination on a throwaway redis-server (one replica: what sharing costs)
         RouterSpec("igw-llm-d-coord", "igw-coord", "llm-d", "gateway llm-d, coordinated"),
+        # spec.tenants: an API key on every request, a tenant with all three limits
+        RouterSpec("igw-llm-d-tenants", "igw-tenants", "llm-d", "gateway llm-d, tenants"),
         RouterSpec("envoy-rr", "envoy", "ROUND_ROBIN", "Envoy ROUND_ROBIN"),
         RouterSpec("envoy-lr", "envoy", "LEAST_REQUEST", "Envoy LEAST_REQUEST"),
         RouterSpec("sglang-rr", "sglang", "round_robin", "sglang-router round_robin"),
@@ -129,7 +132,8 @@ def _pool_ports(fleet: SimFleet) -> dict[str, list[str]]:
     return {model: [p.address for p in pods] for model, pods in fleet.pools().items()}
 
 
-def probe(url: str, model: str, tls: TlsMaterial | None) -> bool:
+def probe(url: str, model: str, tls: TlsMaterial | None,
+          headers: dict[str, str] | None = None) -> bool:
     """One tiny real request through the router: the only readiness that means the same
     thing for every router (listener up, workers registered, a pod reachable)."""
     # a prompt of ordinary size: the gateway learns pod speeds from every request, and a
@@ -137,7 +141,7 @@ def probe(url: str, model: str, tls: TlsMaterial | None) -> bool:
     data = orjson.dumps({"model": model, "max_tokens": 1, "messages": [
         {"role": "user", "content": PROBE_TEXT}]})
     req = urllib.request.Request(url + CHAT_PATH, data=data,
-                                 headers={"content-type": "application/json"})
+                                 headers={"content-type": "application/json", **(headers or {})})
     ctx = ssl.create_default_context(cafile=str(tls.ca)) if (tls and url.startswith("https")) \
         else None
     try:
@@ -179,8 +183,12 @@ class Router:
         """Until one tiny request per pool succeeds through the router."""
         for i, (model, url) in enumerate(self.urls.items()):
             child = self.children[min(i, len(self.children) - 1)]
-            wait_until(lambda u=url, m=model: probe(u, m, self.tls), child, START_TIMEOUT_S,
-                       f"{self.name} ({model})")
+            wait_until(lambda u=url, m=model: probe(u, m, self.tls, self.request_headers()),
+                       child, START_TIMEOUT_S, f"{self.name} ({model})")
+
+    def request_headers(self) -> dict[str, str]:
+        """Headers every request to this router must carry (an API key)."""
+        return {}
 
     def pids(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -286,13 +294,17 @@ class GatewayRouter(Router):
 
     def start(self, work: Path, fleet: SimFleet, tls: TlsMaterial, time_scale: float) -> None:
         self.tls = tls
-        config = gateway_config(self.spec, fleet, tls, time_scale)
+        config = self.config(work, fleet, tls, time_scale)
         child = spawn_gateway(work / f"gw-{self.name}", config)
         self.children = [child]
         wait_gateway(child)
         base = f"https://127.0.0.1:{config['spec']['listener']['port']}"
         self.urls = {model: base for model in fleet.pools()}
         self.admin_port = config["spec"]["ports"]["admin"]
+
+    def config(self, work: Path, fleet: SimFleet, tls: TlsMaterial,
+               time_scale: float) -> dict[str, Any]:
+        return gateway_config(self.spec, fleet, tls, time_scale)
 
     def diagnostics(self) -> dict[str, Any]:
         """The picker's view of every pod after the run (learned speeds, picks)."""
@@ -328,6 +340,30 @@ class CoordinatedGatewayRouter(GatewayRouter):
 
     def pids(self) -> dict[str, int]:
         return {**gateway_pids(self.children[1].pid), "redis": self.children[0].pid}
+
+
+class TenantsGatewayRouter(GatewayRouter):
+    """`igw serve` as GatewayRouter, with spec.tenants: every request carries an API key
+    (identified, then checked against requests/tokens per minute and concurrency limits
+    set out of reach, and answered with x-ratelimit-* headers): what tenants cost."""
+
+    def config(self, work: Path, fleet: SimFleet, tls: TlsMaterial,
+               time_scale: float) -> dict[str, Any]:
+        from picker.tenants.keys import mint
+
+        key, stored = mint("bench")
+        keys_file = work / f"keys-{self.name}"
+        keys_file.write_text(stored.line() + "\n")
+        self._key = key
+        config = gateway_config(self.spec, fleet, tls, time_scale)
+        limits = {"requestsPerMinute": 10**9, "tokensPerMinute": 10**12,
+                  "maxConcurrentRequests": 10**6}
+        config["spec"]["tenants"] = {"keysFile": str(keys_file),
+                                     "list": [{"name": "bench", "limits": limits}]}
+        return config
+
+    def request_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self._key}"}
 
 
 class EnvoyRouter(Router):
