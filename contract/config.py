@@ -95,6 +95,11 @@ class SaturationConfig:
     kv_cache_threshold: float = 0.9
     queue_size: int = 256
     queue_timeout_s: float = 10.0
+    # Flow control (picker.scheduling.flow): a pod is sent a request only while the
+    # uncached prompt tokens it has been sent and not yet prefilled, at its learned
+    # prefill speed, take at most this long, so a dispatched request starts within it.
+    # "0s" turns the bound off (admission then judges the scraped engine queue alone).
+    max_start_delay_s: float = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -364,11 +369,18 @@ def _saturation(data: Any, path: str) -> SaturationConfig:
     kv = _number(f.take("kvCacheThreshold", d.kv_cache_threshold), f.at("kvCacheThreshold"), 0, 1)
     size = _typed(f.take("queueSize", d.queue_size), int, f.at("queueSize"))
     timeout = parse_duration(f.take("queueTimeout", d.queue_timeout_s), f.at("queueTimeout"))
+    delay_raw = f.take("maxStartDelay", d.max_start_delay_s)
     f.done()
     if queue < 0 or size < 0:
         raise ConfigError(f"{path}: queueThreshold and queueSize must not be negative")
+    off = not isinstance(delay_raw, bool) and delay_raw in (0, "0s", "0ms")
+    delay = 0.0 if off else parse_duration(delay_raw, f.at("maxStartDelay"))
     return SaturationConfig(
-        queue_threshold=queue, kv_cache_threshold=kv, queue_size=size, queue_timeout_s=timeout
+        queue_threshold=queue,
+        kv_cache_threshold=kv,
+        queue_size=size,
+        queue_timeout_s=timeout,
+        max_start_delay_s=delay,
     )
 
 

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from picker.datastore import Datastore
+from picker.scheduling.flow import committed
 
 if TYPE_CHECKING:
     from picker.coordination import Coordinator
@@ -186,12 +187,33 @@ class _RoutingCollector(Collector):
             f"{PREFIX}_prefix_hit_blocks", "Prompt blocks the chosen pod was last sent "
             "(hit ratio = hit / query).", labels=["pool"],
         )
+        # What an autoscaler reads (picker.scheduling.flow): work committed to the pool
+        # beside the queue above; a saturation of 1 or more means new requests wait.
+        committed_requests = GaugeMetricFamily(
+            f"{PREFIX}_pool_committed_requests", "Requests the gateway sent to the pool that "
+            "have not ended (all replicas' when coordinated).", labels=["pool"],
+        )
+        committed_tokens = GaugeMetricFamily(
+            f"{PREFIX}_pool_committed_prefill_tokens", "Uncached prompt tokens sent to the "
+            "pool and not prefilled yet, as far as the gateway can tell.", labels=["pool"],
+        )
+        saturation = GaugeMetricFamily(
+            f"{PREFIX}_pool_saturation", "Share of the pool's capacity in use: committed "
+            "prefill time over saturation.maxStartDelay, or the share of pods saturated by "
+            "their engine queue or KV cache, whichever is larger (1 or more: requests wait).",
+            labels=["pool"],
+        )
+        now = time.monotonic()
         for name, sched in self.director.schedulers.items():
             q = self.director.admission.get(name)
             queue.add_metric([name], float(len(q)) if q is not None else 0.0)
             index.add_metric([name], float(len(sched.state.prefix)))
             queried.add_metric([name], float(sched.state.prefix_query_blocks))
             hit.add_metric([name], float(sched.state.prefix_hit_blocks))
+            work = committed(sched.state, now)
+            committed_requests.add_metric([name], work.requests)
+            committed_tokens.add_metric([name], work.prefill_tokens)
+            saturation.add_metric([name], work.saturation)
         scrapes = CounterMetricFamily(
             f"{PREFIX}_pod_scrapes", "Metrics scrapes of each pod, by outcome.",
             labels=["pool", "pod", "outcome"],
@@ -208,7 +230,8 @@ class _RoutingCollector(Collector):
             scrapes.add_metric([pool_name, name, "ok"], float(stats.ok))
             scrapes.add_metric([pool_name, name, "failed"], float(stats.failed))
             duration.add_metric([pool_name, name], stats.last_duration_s)
-        yield from (queue, index, queried, hit, scrapes, duration)
+        yield from (queue, committed_requests, committed_tokens, saturation)
+        yield from (index, queried, hit, scrapes, duration)
 
 
 class _CoordinationCollector(Collector):

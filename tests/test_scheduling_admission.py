@@ -189,7 +189,7 @@ async def test_heap_of_dead_entries_stays_bounded():
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    assert len(queue) == 0 and len(queue._heap) <= 32 + 50
+    assert len(queue) == 0 and queue._queue.heap_size <= 32 + 50
 
 
 async def test_close_fails_waiters_with_503():

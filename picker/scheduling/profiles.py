@@ -26,8 +26,10 @@ from picker.scheduling.plugins import FILTERS, PICKERS, SCORERS, Filter, Picker,
 
 DEFAULT_PROFILE = "llm-d"
 
-BASE_FILTERS: tuple[str, ...] = ("ready", "not-draining", "fresh-metrics")
-SCORING_FILTERS: tuple[str, ...] = (*BASE_FILTERS, "lora")
+# flow-room last: it sends a request admission released to a pod with room
+# (picker.scheduling.flow), among the pods every other filter kept.
+BASE_FILTERS: tuple[str, ...] = ("ready", "not-draining", "fresh-metrics", "flow-room")
+SCORING_FILTERS: tuple[str, ...] = ("ready", "not-draining", "fresh-metrics", "lora", "flow-room")
 
 
 @dataclass(frozen=True)
