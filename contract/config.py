@@ -43,9 +43,20 @@ WEIGHT_NAMES = (
 FAILURE_MODES = ("closed", "open")
 METRICS_SOURCES = ("scrape", "prometheus")
 COORDINATION_SCHEMES = ("redis", "rediss")
+TENANT_FAILURE_MODES = ("open", "closed")
+# Tenants are metric labels and limit keys: bounded in number, plain in spelling.
+MAX_TENANTS = 1000
+_TENANT_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
+# A JWT claim name (jwt_authn's claim_name; nested claims are dotted).
+_CLAIM_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def is_tenant_name(name: object) -> bool:
+    """1-64 letters, digits, '.', '_', '-', starting and ending with a letter or digit."""
+    return isinstance(name, str) and _TENANT_RE.match(name) is not None
 
 
 class ConfigError(ValueError):
@@ -173,6 +184,46 @@ class RateLimits:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TenantConfig:
+    """One tenant: its fair-share weight, its limits, and tighter limits per model."""
+
+    name: str
+    # Relative share of a saturated pool's admission between tenants (flow control).
+    weight: float = 1.0
+    limits: RateLimits = field(default_factory=RateLimits)
+    # Requested model name (a pool's modelName or one of its loraAdapters) → limits.
+    model_limits: dict[str, RateLimits] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantsConfig:
+    """Who sends a request, and what each tenant may send (docs/tenants.md).
+
+    Absent (`GatewayConfig.tenants is None`): no identity, no limits, requests
+    are served exactly as without tenants.
+    """
+
+    tenants: tuple[TenantConfig, ...]
+    # API keys (`igw tenants add-key` lines: salted hashes, never the keys); a mounted
+    # Kubernetes Secret is such a file. Re-read when it changes.
+    keys_file: str | None = None
+    # With spec.auth.jwt: the verified token's claim that names the tenant.
+    jwt_claim: str | None = None
+    # The shared Redis of the limits unreachable: `open` admits on this replica's own
+    # counts, `closed` refuses what it cannot check (503).
+    failure_mode: str = "open"
+
+    def limits(self) -> dict[tuple[str, str], RateLimits]:
+        """(tenant, model) → limits, model "" for the tenant-wide ones: the limiter's table."""
+        table: dict[tuple[str, str], RateLimits] = {}
+        for tenant in self.tenants:
+            table[(tenant.name, "")] = tenant.limits
+            for model, limits in tenant.model_limits.items():
+                table[(tenant.name, model)] = limits
+        return table
+
+
+@dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
     schedulers: tuple[SchedulerConfig, ...]
     name: str = "gateway"
@@ -189,6 +240,7 @@ class GatewayConfig:
     max_fallbacks: int = 2
     namespace: str = "default"
     coordination: CoordinationConfig | None = None
+    tenants: TenantsConfig | None = None
 
     @property
     def coordination_prefix(self) -> str:
@@ -217,6 +269,10 @@ class _Fields:
 
     def has(self, key: str) -> bool:
         return key in self._data
+
+    def remaining(self) -> list[Any]:
+        """The keys not taken yet (a mapping whose keys are user names, not fields)."""
+        return sorted(self._data, key=str)
 
     def at(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
@@ -546,6 +602,103 @@ def _coordination(data: Any, path: str) -> CoordinationConfig | None:
     )
 
 
+def _rate_limits(data: Any, path: str) -> RateLimits:
+    """`requestsPerMinute`, `tokensPerMinute`, `maxConcurrentRequests`: each a positive
+    integer, absent for unlimited."""
+    f = _Fields(data, path)
+    values = {}
+    for key, name in (
+        ("requestsPerMinute", "requests_per_minute"),
+        ("tokensPerMinute", "tokens_per_minute"),
+        ("maxConcurrentRequests", "max_concurrent_requests"),
+    ):
+        value = f.take(key)
+        if value is not None:
+            _typed(value, int, f.at(key))
+            if not 1 <= value <= 10**12:
+                raise ConfigError(f"{f.at(key)}: must be between 1 and 10^12, got {value}")
+        values[name] = value
+    f.done()
+    return RateLimits(**values)
+
+
+def _tenant(data: Any, path: str) -> TenantConfig:
+    f = _Fields(data, path)
+    name = f.take("name")
+    if not is_tenant_name(name):
+        raise ConfigError(
+            f"{f.at('name')}: required, 1-64 letters, digits, '.', '_', '-' "
+            f"(starting and ending with a letter or digit); got {name!r}"
+        )
+    d = TenantConfig(name=name)
+    weight = _number(f.take("weight", d.weight), f.at("weight"), 0.001, 1000)
+    limits = _rate_limits(f.take("limits"), f.at("limits"))
+    models = _Fields(f.take("modelLimits"), f.at("modelLimits"))
+    model_limits = {}
+    for model in models.remaining():
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"{models.path}: model names must be non-empty strings: {model!r}")
+        model_limits[model] = _rate_limits(models.take(model), models.at(model))
+    f.done()
+    return TenantConfig(name=name, weight=weight, limits=limits, model_limits=model_limits)
+
+
+def _tenants(data: Any, path: str) -> TenantsConfig | None:
+    if data is None:
+        return None
+    f = _Fields(data, path)
+    d = TenantsConfig(tenants=())
+    keys_file = _optional_text(f, "keysFile")
+    claim = _optional_text(f, "jwtClaim")
+    if claim is not None and not _CLAIM_RE.match(claim):
+        raise ConfigError(f"{f.at('jwtClaim')}: not a claim name: {claim!r}")
+    failure = _choice(
+        f.take("failureMode", d.failure_mode), TENANT_FAILURE_MODES, f.at("failureMode")
+    )
+    raw = f.take("list")
+    f.done()
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{f.at('list')}: required, a non-empty list of tenants")
+    if len(raw) > MAX_TENANTS:
+        raise ConfigError(f"{f.at('list')}: at most {MAX_TENANTS} tenants, got {len(raw)}")
+    tenants = tuple(_tenant(t, f"{f.at('list')}[{i}]") for i, t in enumerate(raw))
+    seen: dict[str, int] = {}
+    for i, tenant in enumerate(tenants):
+        if tenant.name in seen:
+            raise ConfigError(
+                f"{f.at('list')}[{i}].name: duplicate {tenant.name!r} "
+                f"(also {f.at('list')}[{seen[tenant.name]}])"
+            )
+        seen[tenant.name] = i
+    if (keys_file is None) == (claim is None):
+        raise ConfigError(f"{path}: exactly one of keysFile or jwtClaim is required")
+    return TenantsConfig(
+        tenants=tenants, keys_file=keys_file, jwt_claim=claim, failure_mode=failure
+    )
+
+
+def _check_tenants(
+    tenants: TenantsConfig, jwt: JwtConfig | None, schedulers: tuple[SchedulerConfig, ...]
+) -> None:
+    """What only the whole spec can tell: the claim needs JWT, API keys exclude it
+    (both are `Authorization: Bearer`), per-model limits name served models."""
+    if tenants.jwt_claim is not None and jwt is None:
+        raise ConfigError("spec.tenants.jwtClaim: needs spec.auth.jwt (the verified token)")
+    if tenants.keys_file is not None and jwt is not None:
+        raise ConfigError(
+            "spec.tenants.keysFile: not with spec.auth.jwt (both are `Authorization: Bearer`); "
+            "use jwtClaim to name the tenant from the token"
+        )
+    served = {name for s in schedulers for name in (s.model_name, *s.lora_adapters)}
+    for i, tenant in enumerate(tenants.tenants):
+        for model in tenant.model_limits:
+            if model not in served:
+                raise ConfigError(
+                    f"spec.tenants.list[{i}].modelLimits.{model}: no scheduler serves this "
+                    "model (a modelName or loraAdapters entry)"
+                )
+
+
 def _gateway_fields(f: _Fields) -> dict[str, Any]:
     """Our additions at spec level, for running outside Kubernetes."""
     d = GatewayConfig(schedulers=())
@@ -580,6 +733,7 @@ def _gateway_fields(f: _Fields) -> dict[str, Any]:
         "failure_mode": failure,
         "max_fallbacks": fallbacks,
         "coordination": _coordination(f.take("coordination"), f.at("coordination")),
+        "tenants": _tenants(f.take("tenants"), f.at("tenants")),
     }
 
 
@@ -617,6 +771,8 @@ def parse_config(doc: Any) -> GatewayConfig:
     spec.done()
     if len(schedulers) > 1 and not bbr.enabled:
         raise ConfigError("spec.bbr.enabled: must be true when there is more than one scheduler")
+    if extra["tenants"] is not None:
+        _check_tenants(extra["tenants"], jwt, schedulers)
     return GatewayConfig(
         name=name, namespace=namespace, schedulers=schedulers, tls=tls, bbr=bbr, jwt=jwt, **extra
     )

@@ -13,7 +13,12 @@ ROUTING_HEADERS = (DESTINATION_ENDPOINT, MODEL_NAME, BASE_MODEL_NAME, POOL)
 # Set by Envoy itself (fail-open with several pools, the picker unreachable): the
 # body's model, so a route can still find the pool. Stripped like the above.
 FALLBACK_MODEL = "x-gateway-fallback-model"
-STRIPPED_HEADERS = (*ROUTING_HEADERS, FALLBACK_MODEL)
+# Set by Envoy's jwt_authn from the verified token's tenant claim (spec.tenants.jwtClaim).
+# A client's copy is stripped before jwt_authn runs, so only a verified claim reaches
+# the picker.
+TENANT = "x-gateway-tenant"
+STRIPPED_HEADERS = (*ROUTING_HEADERS, FALLBACK_MODEL, TENANT)
+AUTHORIZATION = "authorization"
 
 # Client-settable request hints (not routing): honoured, never stripped.
 PRIORITY = "x-gateway-priority"
@@ -35,3 +40,20 @@ REQUEST_ATTRIBUTES = {
     f"request.headers['{PRIORITY}']": "priority",
     f"request.headers['{CRITICALITY}']": "criticality",
 }
+
+# Read only when spec.tenants is set (the listener asks for them then): the API key
+# and the JWT claim header. Same rules as REQUEST_ATTRIBUTES.
+TENANT_ATTRIBUTES = {
+    f"request.headers['{AUTHORIZATION}']": "authorization",
+    f"request.headers['{TENANT}']": "tenant_claim",
+}
+# What the picker answers about a tenant's limits in `envoy.lb` dynamic metadata; the
+# pool routes copy each into the response header of the same name (OpenAI's names).
+RATE_LIMIT_HEADERS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+)

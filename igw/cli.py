@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--body", help="file holding a full request body")
             p.add_argument("--path", default="/v1/chat/completions")
 
+    from igw.tenant_keys import add_parser as add_tenants_parser
+
+    add_tenants_parser(sub)
+
     for name, drain in (("drain", True), ("undrain", False)):
         p = sub.add_parser(name, help=f"admin: {name} a pod")
         p.add_argument("pool")

@@ -27,6 +27,7 @@ from igw_envoy.eds import write_endpoints
 from igw_envoy.xds import write_dynamic
 from picker.admin import AdminService
 from picker.coordination import Coordinator
+from picker.coordination.bus import BusError, read_password, redis_client
 from picker.datalayer.collector import Collector
 from picker.datastore import Datastore
 from picker.director import Director
@@ -37,6 +38,7 @@ from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HealthCheck
 from picker.handlers import ExtProcHandler
 from picker.outliers import OutlierFollower
 from picker.reload import ConfigReloader, load_initial
+from picker.tenants.limits import Limiter
 from proto import admin_pb2_grpc
 
 log = logging.getLogger("picker.app")
@@ -67,7 +69,12 @@ class PickerApp:
         config, signature = load_initial(config_path, state_dir)
         self.metrics = GatewayMetrics()
         self.datastore = Datastore(config)
-        self.director = Director(self.datastore, self.metrics)
+        # spec.tenants' limits; whether they are on and how they fail is restart-only.
+        self.limiter = (
+            Limiter(failure_mode=config.tenants.failure_mode)
+            if config.tenants is not None else None
+        )
+        self.director = Director(self.datastore, self.metrics, limiter=self.limiter)
         self.collector = Collector(self.datastore)
         self.envoy = EnvoyAdmin(config.envoy_admin_port)
         self.outliers = OutlierFollower(self.datastore, self.envoy)
@@ -80,6 +87,8 @@ class PickerApp:
         )
         if self.coordination is not None:
             self.metrics.attach_coordination(self.coordination)
+        if config.tenants is not None:
+            self.metrics.attach_tenants(self.director.tenants, self.limiter)
         self.reloader = ConfigReloader(
             config,
             signature,
@@ -114,6 +123,7 @@ class PickerApp:
         self.collector.start()
         if self.coordination is not None:
             self.coordination.start()
+        await self._start_tenants()
         self._grpc = await self._start_ext_proc()
         self._admin = await self._start_admin()
         self._http = await self._start_http()
@@ -134,6 +144,30 @@ class PickerApp:
         await self.start_discovery()
         self._resolver = StaticResolver(self.datastore, self.membership_changed)
         self._resolver.start()
+
+    async def _start_tenants(self) -> None:
+        """Watch the keys file; start the limits, shared through the coordination Redis
+        when spec.coordination is set (else each replica enforces them alone)."""
+        if self.config.tenants is None or self.limiter is None:
+            return
+        watch_keys = self.director.tenants.watch(self._stopping)
+        self._tasks.append(asyncio.create_task(watch_keys, name="igw-tenant-keys"))
+        settings = self.config.coordination
+        if settings is None:
+            await self.limiter.start(None, "")
+            return
+        try:
+            password = read_password(settings.password_file)
+        except BusError as exc:
+            log.error("tenant limits not shared (each replica enforces them alone): %s", exc)
+            await self.limiter.start(None, "")
+            return
+        await self.limiter.start(
+            lambda: redis_client(settings, password, settings.timeout_s, 2),
+            self.config.coordination_prefix,
+            replica=self.coordination.replica if self.coordination is not None else None,
+            timeout_s=settings.timeout_s,
+        )
 
     async def start_discovery(self) -> None:
         """Kubernetes pod and config-resource watches when in a cluster (see picker.discovery).
@@ -253,6 +287,8 @@ class PickerApp:
             await self._grpc.stop(grace=drain_timeout)
         if self.coordination is not None:  # after the drain: its completions are shared
             await self.coordination.stop()
+        if self.limiter is not None:  # after the drain too: releases are counted
+            await self.limiter.stop()
         if self._admin is not None:
             await self._admin.stop(grace=1.0)
         await self.collector.stop()

@@ -28,9 +28,11 @@ from picker.scheduling.flow import committed
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.saturation import pool_saturated
 from picker.scheduling.scheduler import NoCandidates, Scheduler
+from picker.tenants.identity import Tenant, TenantDirectory
 
 if TYPE_CHECKING:
     from picker.coordination.outbox import Outbox
+    from picker.tenants.limits import Grant, Limiter
 
 log = logging.getLogger("picker.director")
 
@@ -48,6 +50,8 @@ class RequestInfo:
     priority: str | None = None
     criticality: str | None = None
     request_id: str = ""
+    authorization: str | None = None
+    tenant_claim: str | None = None
 
 
 @dataclass(slots=True)
@@ -66,6 +70,11 @@ class Decision:
     status: int = 0
     # Its id among this replica's requests shared with the others (0: not shared).
     shared_id: int = 0
+    # Who sent it (None: tenants off) and what the limiter granted it until it ends.
+    tenant: Tenant | None = None
+    grant: Grant | None = None
+    # The tenant's x-ratelimit-* figures after this request (answered as metadata).
+    limit_headers: list[tuple[str, str]] | None = None
 
     @property
     def dispatched(self) -> bool:
@@ -96,10 +105,17 @@ class Director:
     """Routes requests for every pool of the current config."""
 
     def __init__(
-        self, datastore: Datastore, metrics: GatewayMetrics, rng: np.random.Generator | None = None
+        self,
+        datastore: Datastore,
+        metrics: GatewayMetrics,
+        rng: np.random.Generator | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.datastore = datastore
         self.metrics = metrics
+        # spec.tenants: who sends a request, and (the limiter) what each may send.
+        self.tenants = TenantDirectory()
+        self.limiter = limiter
         self.rng = rng or np.random.default_rng()
         self.schedulers: dict[str, Scheduler] = {}
         self.admission: dict[str, AdmissionQueue] = {}
@@ -130,6 +146,9 @@ class Director:
                 queue.close()
         self.schedulers = schedulers
         self.admission = admission
+        self.tenants.configure(config.tenants)
+        if self.limiter is not None and config.tenants is not None:
+            self.limiter.configure(config.tenants.limits())
 
     def models_body(self) -> bytes:
         return self._models_body
@@ -139,21 +158,65 @@ class Director:
         that must wait in admission (`admission_wait` set) before it is picked."""
         started = time.monotonic()
         decision = self._decision(body, info, started, count_errors=True)
-        pool = decision.pool
-        if self.admission[pool.name].blocked(decision.request, started):
-            if decision.request.sheddable:
-                self.metrics.shed(pool.name)
-                raise Overloaded(f"pool {pool.name} is saturated; request shed", retry_after=1)
-            decision.admission_wait = pool.config.saturation.queue_timeout_s
-            return decision
-        self._pick(decision, started)
+        if decision.tenant is not None:
+            self._limit(decision, started)
+        try:
+            pool = decision.pool
+            if self.admission[pool.name].blocked(decision.request, started):
+                if decision.request.sheddable:
+                    self.metrics.shed(pool.name)
+                    raise Overloaded(f"pool {pool.name} is saturated; request shed", retry_after=1)
+                decision.admission_wait = pool.config.saturation.queue_timeout_s
+                return decision
+            self._pick(decision, started)
+        except ApiError:
+            self._release(decision)
+            raise
         return decision
+
+    def _limit(self, decision: Decision, now: float) -> None:
+        """The tenant's limits, before any queueing: over a limit is a 429 at once.
+
+        What is reserved is the prompt plus `max_tokens`, the most the request can
+        cost; the picker never sees the response, so the reservation stands.
+        """
+        tenant = decision.tenant
+        request = decision.request
+        tokens = request.prompt_tokens + request.max_tokens
+        if self.limiter is not None:
+            try:
+                decision.grant = self.limiter.admit(tenant.name, request.model, tokens, now)
+            except ApiError as exc:
+                if exc.status == 429:
+                    tenant.usage.rate_limited += 1
+                self.metrics.rejected(exc.status)
+                raise
+        usage = tenant.usage
+        usage.requests += 1
+        usage.prompt_tokens += request.prompt_tokens
+        usage.reserved_tokens += tokens
+
+    def abandon(self, decision: Decision) -> None:
+        """A held request's client went away before it was admitted."""
+        self._release(decision)
+
+    def _release(self, decision: Decision) -> None:
+        """The request is over (ended, refused or abandoned): its concurrency slot back."""
+        grant = decision.grant
+        if grant is not None and self.limiter is not None:
+            decision.grant = None
+            self.limiter.release(grant)
 
     def _decision(
         self, body: bytes, info: RequestInfo, started: float, count_errors: bool
     ) -> Decision:
-        """Parse the body once and resolve its pool: everything before the pick."""
+        """Identify the tenant, parse the body once and resolve its pool: everything
+        before the pick (`explain`, not counting, identifies nobody)."""
         try:
+            tenant = (
+                self.tenants.identify(info.authorization, info.tenant_claim)
+                if count_errors else None
+            )
             parsed = parse_request(
                 body,
                 info.path,
@@ -178,12 +241,16 @@ class Director:
             priority=priority,
             sheddable=sheddable,
         )
+        if tenant is not None:
+            request.tenant = tenant.name
+            request.tenant_weight = tenant.weight
         return Decision(
             pool=pool,
             scheduler=self.schedulers[pool.name],
             request=request,
             base_model=route.base_model,
             started=started,
+            tenant=tenant,
         )
 
     def saturated(self, pool: Pool, now: float) -> bool:
@@ -203,11 +270,15 @@ class Director:
         """Wait for capacity (bounded queue, highest priority first), then pick."""
         queue = self.admission[decision.pool.name]
         try:
-            await queue.acquire(decision.request, decision.admission_wait or 0.0)
-        except ApiError as exc:
-            self.metrics.rejected(exc.status)
+            try:
+                await queue.acquire(decision.request, decision.admission_wait or 0.0)
+            except ApiError as exc:
+                self.metrics.rejected(exc.status)
+                raise
+            self._pick(decision, time.monotonic())
+        except BaseException:  # refused, timed out, or cancelled (the client went away)
+            self._release(decision)
             raise
-        self._pick(decision, time.monotonic())
 
     def _pick(self, decision: Decision, now: float) -> None:
         pool = decision.pool
@@ -232,6 +303,8 @@ class Director:
             (hdr.MODEL_NAME, decision.request.model),
             (hdr.BASE_MODEL_NAME, decision.base_model),
         ]
+        if decision.grant is not None and self.limiter is not None:
+            decision.limit_headers = self.limiter.headers(decision.grant)
         self.metrics.picked(pool.name, pick.addresses[0], time.monotonic() - decision.started)
         log.debug(
             "pick pool=%s model=%s pod=%s fallbacks=%s",
@@ -243,6 +316,7 @@ class Director:
 
     def complete(self, decision: Decision) -> None:
         """The HTTP request ended (stream closed): release its accounting."""
+        self._release(decision)
         if not decision.dispatched:
             return
         now = time.monotonic()

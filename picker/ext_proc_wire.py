@@ -32,6 +32,8 @@ CONTINUE_RESPONSE_HEADERS = ext_proc.ProcessingResponse(
 ).SerializeToString()
 # Envoy's key for the attributes in ProcessingRequest, whatever the filter is named.
 _ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
+# Every attribute the listener may ask for → the RequestHeaders field it fills.
+_ATTRIBUTE_FIELDS = {**hdr.REQUEST_ATTRIBUTES, **hdr.TENANT_ATTRIBUTES}
 
 
 @dataclass(slots=True)
@@ -46,6 +48,8 @@ class RequestHeaders:
     priority: str | None = None
     criticality: str | None = None
     content_length: str | None = None
+    authorization: str | None = None
+    tenant_claim: str | None = None
 
 
 def read_headers(header_map: base_pb2.HeaderMap) -> RequestHeaders:
@@ -69,6 +73,10 @@ def read_headers(header_map: base_pb2.HeaderMap) -> RequestHeaders:
             out.criticality = value
         elif key == "content-length":
             out.content_length = value
+        elif key == hdr.AUTHORIZATION:
+            out.authorization = value
+        elif key == hdr.TENANT:
+            out.tenant_claim = value
     return out
 
 
@@ -78,7 +86,7 @@ def read_attributes(request: ext_proc.ProcessingRequest) -> RequestHeaders:
     that skips the headers message admits POST only."""
     out = RequestHeaders(method="POST")
     for key, value in request.attributes[_ATTRIBUTES_KEY].fields.items():
-        setattr(out, hdr.REQUEST_ATTRIBUTES[key], value.string_value)
+        setattr(out, _ATTRIBUTE_FIELDS[key], value.string_value)
     return out
 
 
@@ -140,7 +148,9 @@ _ROUTE_BODY = _field(3, _field(1, _field(2, b"") + _varint(5 << 3) + b"\x01"))
 _LB_NAMESPACE = _field(1, hdr.LB_METADATA_NAMESPACE.encode())
 
 
-def route_response(routing: list[tuple[str, str]]) -> bytes:
+def route_response(
+    routing: list[tuple[str, str]], extra: list[tuple[str, str]] | None = None
+) -> bytes:
     """Body answer: the routing values (header name → value) as `envoy.lb` dynamic
     metadata, and the route cache cleared so Envoy re-matches on them.
 
@@ -151,9 +161,13 @@ def route_response(routing: list[tuple[str, str]]) -> bytes:
     only for an answer that has one. Assembled from cached wire fragments
     instead of building protobuf messages per request:
     ProcessingResponse.dynamic_metadata(8) → Struct{"envoy.lb": Value.struct_value(5)}.
-    A test checks it parses to the message protobuf would build.
+    A test checks it parses to the message protobuf would build. `extra` are
+    values that differ per request (a tenant's remaining limits): encoded without
+    the cache, which they would only flush.
     """
     fields = b"".join([_metadata_entry(k, v) for k, v in routing])
+    if extra:
+        fields += b"".join([_metadata_entry.__wrapped__(k, v) for k, v in extra])
     return _ROUTE_BODY + _field(8, _field(1, _LB_NAMESPACE + _field(2, _field(5, fields))))
 
 

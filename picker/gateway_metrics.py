@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from picker.coordination.scrapes import SharedScrapes
     from picker.datalayer.stats import ScrapeCounters
     from picker.director import Director
+    from picker.tenants.identity import TenantDirectory
+    from picker.tenants.limits import Limiter
 
 PREFIX = "igw"
 SCHED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0)
@@ -94,6 +96,10 @@ class GatewayMetrics:
     def attach_coordination(self, coordinator: Coordinator) -> None:
         """Export the link to the other gateway replicas (spec.coordination)."""
         self.registry.register(_CoordinationCollector(coordinator))
+
+    def attach_tenants(self, tenants: TenantDirectory, limiter: Limiter | None) -> None:
+        """Export per-tenant usage, refused credentials and the limits' state (spec.tenants)."""
+        self.registry.register(_TenantCollector(tenants, limiter))
 
     def picked(self, pool: str, pod: str, seconds: float) -> None:
         child = self._requests_by_pool.get(pool)
@@ -326,6 +332,90 @@ def _scrape_sharing(sent: int, scrapes: SharedScrapes) -> Iterator[Metric]:
         counter = CounterMetricFamily(f"{name}_{suffix}", doc)
         counter.add_metric([], float(value))
         yield counter
+
+
+class _TenantCollector(Collector):
+    """Per-tenant usage, labelled by configured tenants only (the label set is bounded by
+    the config, never by what clients send), read at scrape time from plain counters.
+
+    Output tokens are not here: the picker does not see responses (ext_proc has no
+    response phases; reading streamed bodies costs a gRPC message per chunk).
+    """
+
+    def __init__(self, tenants: TenantDirectory, limiter: Limiter | None) -> None:
+        self.tenants = tenants
+        self.limiter = limiter
+
+    def collect(self) -> Iterator[Metric]:
+        name = f"{PREFIX}_tenant"
+        usage = (
+            ("requests", "Requests of the tenant its limits admitted.", "requests"),
+            ("prompt_tokens", "Prompt tokens (estimated, ~4 characters each) of admitted "
+             "requests.", "prompt_tokens"),
+            ("reserved_tokens", "Tokens reserved against tokensPerMinute: prompt tokens plus "
+             "max_tokens.", "reserved_tokens"),
+            ("rate_limited", "Requests refused with 429 rate_limit_exceeded.", "rate_limited"),
+        )
+        tenants = list(self.tenants.tenants.values())
+        for suffix, doc, attr in usage:
+            family = CounterMetricFamily(f"{name}_{suffix}", doc, labels=["tenant"])
+            for tenant in tenants:
+                family.add_metric([tenant.name], float(getattr(tenant.usage, attr)))
+            yield family
+        s = self.tenants.stats
+        refused = CounterMetricFamily(
+            f"{name}_unauthorized", "Requests refused with 401, by reason (missing: no "
+            "credential; invalid: not a key or no such key; unknown_tenant: a key or claim "
+            "naming no configured tenant).", labels=["reason"],
+        )
+        for reason in ("missing", "invalid", "unknown_tenant"):
+            refused.add_metric([reason], float(getattr(s, reason)))
+        yield refused
+        keys = GaugeMetricFamily(f"{name}_keys", "API keys loaded from the keys file.")
+        keys.add_metric([], float(s.keys))
+        yield keys
+        reloads = CounterMetricFamily(
+            f"{name}_key_reloads", "Keys file reads, by result (refused: the keys in force "
+            "stay).", labels=["result"],
+        )
+        reloads.add_metric(["applied"], float(s.reloads_applied))
+        reloads.add_metric(["refused"], float(s.reloads_refused))
+        yield reloads
+        if self.limiter is not None:
+            yield from _limits_state(self.limiter)
+
+
+def _limits_state(limiter: Limiter) -> Iterator[Metric]:
+    """The limiter's link to the shared Redis and what it refused."""
+    status = limiter.status()
+    name = f"{PREFIX}_tenant_limits"
+    shared = GaugeMetricFamily(
+        f"{name}_shared", "1 while the limits' counts are exchanged with the other replicas "
+        "through Redis; 0 when each replica counts alone (no coordination, or Redis down).",
+    )
+    shared.add_metric([], 1.0 if status["mode"] == "shared" else 0.0)
+    yield shared
+    degraded = GaugeMetricFamily(
+        f"{name}_degraded", "1 while Redis is expected but unreachable and failureMode "
+        "applies (open: this replica's share of each limit; closed: 503).",
+    )
+    degraded.add_metric([], 1.0 if status["redis"] == "down" else 0.0)
+    yield degraded
+    replicas = GaugeMetricFamily(
+        f"{name}_replicas", "Gateway replicas sharing the limits, this one included."
+    )
+    replicas.add_metric([], float(status["replicas"]))
+    yield replicas
+    refused = CounterMetricFamily(
+        f"{name}_refused", "Requests the limits refused, by limit (requests, tokens, "
+        "concurrency: 429; unavailable: 503 under failureMode closed).", labels=["limit"],
+    )
+    for limit, count in status["refused"].items():
+        refused.add_metric([limit], float(count))
+    yield refused
+    errors = CounterMetricFamily(f"{name}_sync_errors", "Failed exchanges with Redis.")
+    errors.add_metric([], float(status.get("sync_errors", 0)))
+    yield errors
 
 
 def process_families(ejected_pods: int) -> Iterator[Metric]:

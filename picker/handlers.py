@@ -83,7 +83,11 @@ class ExtProcHandler:
     def on_headers(self, info: RequestHeaders, end_of_stream: bool) -> bytes:
         """Everything the headers alone decide, before Envoy buffers a body for nothing:
         the model list, unknown paths (404), other methods than POST (405), a missing
-        body (400), a declared length over the limit (413, without reading the body)."""
+        body (400), a declared length over the limit (413, without reading the body).
+        With tenants, a request without a valid key is refused (401) before any of it."""
+        tenants = self.director.tenants
+        if tenants.enabled:
+            tenants.identify(info.authorization, info.tenant_claim)
         if info.method == "GET" and info.path in _MODELS_PATHS:
             return immediate(
                 200, self.director.models_body(), [("content-type", "application/json")]
@@ -177,14 +181,17 @@ class ExtProcStream:
             priority=info.priority,
             criticality=info.criticality,
             request_id=info.request_id,
+            authorization=info.authorization,
+            tenant_claim=info.tenant_claim,
         )
         decision = self._handler.director.route_now(body, request)
         if decision.admission_wait is None:
             self._decision = decision
             self._phase = _ROUTED
-            self._stream.send(route_response(decision.headers))
+            self._stream.send(route_response(decision.headers, decision.limit_headers))
             return
         self._stream.send(extend_timeout(decision.admission_wait + 1.0))
+        self._decision = decision
         self._admission = asyncio.get_running_loop().create_task(self._admit(decision))
         self._phase = _HELD
 
@@ -199,12 +206,14 @@ class ExtProcStream:
             return
         self._decision = decision
         self._phase = _ROUTED
-        self._stream.send(route_response(decision.headers))
+        self._stream.send(route_response(decision.headers, decision.limit_headers))
 
     def on_end(self, reset: bool) -> None:
         """Envoy closed the call: the HTTP request is over; release its accounting."""
         if self._phase is _HELD:
             self._admission.cancel()
+            # a task cancelled before its first step never runs its own cleanup
+            self._handler.director.abandon(self._decision)
         elif self._phase is _ROUTED:
             self._handler.director.complete(self._decision)
         self._phase = _ENDED

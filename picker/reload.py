@@ -299,8 +299,19 @@ def restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
         "spec.auth": old.jwt != new.jwt,
         # The replica's Redis connection, identity and stream position are set up once.
         "spec.coordination": _coordination_of(old) != _coordination_of(new),
+        # On or off changes the listener (the identity attributes ext_proc reads, the
+        # JWT claim header); the limiter's failure mode is set when it starts.
+        "spec.tenants": _tenancy_of(old) != _tenancy_of(new),
     }
     return [name for name, changed in checks.items() if changed]
+
+
+def _tenancy_of(config: GatewayConfig) -> tuple[str | None, str] | None:
+    """What only a restart changes of spec.tenants: on/off, the JWT claim, the failure mode
+    (the keys file, the tenant list, weights and limits reload)."""
+    if config.tenants is None:
+        return None
+    return (config.tenants.jwt_claim, config.tenants.failure_mode)
 
 
 def _coordination_of(config: GatewayConfig) -> tuple[object, str] | None:

@@ -14,7 +14,10 @@ from contract.config import (
     CoordinationConfig,
     GatewayConfig,
     MetricsConfig,
+    RateLimits,
     SchedulerConfig,
+    TenantConfig,
+    TenantsConfig,
     load_config,
     load_config_text,
     parse_config,
@@ -248,3 +251,101 @@ def test_coordination_absent_by_default_and_parsed_when_given():
 )
 def test_coordination_errors_name_the_field(coordination, field):
     assert field in error_of(doc(coordination=coordination))
+
+
+TEAMS = [
+    {
+        "name": "team-a",
+        "weight": 3,
+        "limits": {"requestsPerMinute": 600, "tokensPerMinute": 200_000},
+        "modelLimits": {"llama-3.1-70b": {"maxConcurrentRequests": 4}},
+    },
+    {"name": "team_b.eu"},
+]
+
+
+def test_tenants_absent_by_default_and_parsed_when_given():
+    assert parse_config(doc()).tenants is None
+    tenants = parse_config(
+        doc(tenants={"keysFile": "/etc/igw/keys", "list": TEAMS})
+    ).tenants
+    assert tenants == TenantsConfig(
+        keys_file="/etc/igw/keys",
+        tenants=(
+            TenantConfig(
+                name="team-a",
+                weight=3.0,
+                limits=RateLimits(requests_per_minute=600, tokens_per_minute=200_000),
+                model_limits={"llama-3.1-70b": RateLimits(max_concurrent_requests=4)},
+            ),
+            TenantConfig(name="team_b.eu"),
+        ),
+    )
+    assert tenants.failure_mode == "open"
+    assert tenants.limits() == {
+        ("team-a", ""): RateLimits(requests_per_minute=600, tokens_per_minute=200_000),
+        ("team-a", "llama-3.1-70b"): RateLimits(max_concurrent_requests=4),
+        ("team_b.eu", ""): RateLimits(),
+    }
+
+
+def test_tenants_from_a_jwt_claim():
+    jwt = {"jwt": {"issuer": "https://idp", "jwksFile": "/jwks.json"}}
+    tenants = parse_config(
+        doc(auth=jwt, tenants={"jwtClaim": "org.team", "failureMode": "closed", "list": TEAMS})
+    ).tenants
+    assert (tenants.jwt_claim, tenants.keys_file, tenants.failure_mode) == (
+        "org.team", None, "closed"
+    )
+
+
+KEYS = {"keysFile": "/k"}
+
+
+@pytest.mark.parametrize(
+    ("tenants", "field"),
+    [
+        ({"list": TEAMS}, "exactly one of keysFile or jwtClaim"),
+        ({**KEYS}, "spec.tenants.list"),
+        ({**KEYS, "list": []}, "spec.tenants.list"),
+        ({**KEYS, "list": [{"weight": 1}]}, "spec.tenants.list[0].name"),
+        ({**KEYS, "list": [{"name": "a b"}]}, "spec.tenants.list[0].name"),
+        ({**KEYS, "list": [{"name": "a"}, {"name": "a"}]}, "spec.tenants.list[1].name"),
+        ({**KEYS, "list": [{"name": "a", "weight": 0}]}, "spec.tenants.list[0].weight"),
+        ({**KEYS, "list": [{"name": "a", "colour": 1}]}, "spec.tenants.list[0].colour"),
+        (
+            {**KEYS, "list": [{"name": "a", "limits": {"requestsPerMinute": 0}}]},
+            "spec.tenants.list[0].limits.requestsPerMinute",
+        ),
+        (
+            {**KEYS, "list": [{"name": "a", "limits": {"tokensPerMinute": "lots"}}]},
+            "spec.tenants.list[0].limits.tokensPerMinute",
+        ),
+        (
+            {**KEYS, "list": [{"name": "a", "limits": {"rpm": 5}}]},
+            "spec.tenants.list[0].limits.rpm",
+        ),
+        (
+            {**KEYS, "list": [{"name": "a", "modelLimits": {"gpt-9": {}}}]},
+            "spec.tenants.list[0].modelLimits.gpt-9",
+        ),
+        (
+            {**KEYS, "list": [{"name": "a", "modelLimits": {"llama-3.1-70b": {"x": 1}}}]},
+            "spec.tenants.list[0].modelLimits.llama-3.1-70b.x",
+        ),
+        ({**KEYS, "failureMode": "maybe", "list": TEAMS}, "spec.tenants.failureMode"),
+        ({**KEYS, "keysFile": "", "list": TEAMS}, "spec.tenants.keysFile"),
+        ({"jwtClaim": "tenant", "list": TEAMS}, "spec.tenants.jwtClaim: needs spec.auth.jwt"),
+        ({"jwtClaim": "a b", "list": TEAMS}, "spec.tenants.jwtClaim"),
+        ({**KEYS, "list": TEAMS, "extra": 1}, "spec.tenants.extra"),
+        ("yes", "spec.tenants"),
+    ],
+)
+def test_tenant_errors_name_the_field(tenants, field):
+    assert field in error_of(doc(tenants=tenants))
+
+
+def test_api_keys_and_jwt_exclude_each_other():
+    jwt = {"jwt": {"issuer": "https://idp", "jwksFile": "/jwks.json"}}
+    message = error_of(doc(auth=jwt, tenants={**KEYS, "list": TEAMS}))
+    assert message.startswith("spec.tenants.keysFile: not with spec.auth.jwt")

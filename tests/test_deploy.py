@@ -551,3 +551,24 @@ def test_chart_refuses_bad_coordination_values(coordination, message):
     helm = pytest.importorskip("helm_python")
     with pytest.raises(helm.HelmError, match=message):
         render_manifests.render_chart({"coordination": coordination})
+
+
+def test_chart_mounts_the_tenant_keys_secret_and_names_it_in_the_config():
+    config = values()["config"]
+    tenants = {"list": [{"name": "team-a", "limits": {"requestsPerMinute": 600}}]}
+    config = {**config, "spec": {**config["spec"], "tenants": tenants}}
+    objs = render({"config": config, "tenants": {"keysSecret": "igw-tenant-keys"}})
+    for obj in objs:
+        validate_k8s(obj)
+    parsed = gateway_config(objs).tenants
+    assert parsed is not None and parsed.keys_file == "/etc/igw-tenant-keys/keys"
+    assert {"name": "tenant-keys", "mountPath": "/etc/igw-tenant-keys",
+            "readOnly": True} in container(objs)["volumeMounts"]
+    pod = gateway_deployment(objs)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "tenant-keys"]
+    assert volume["secret"]["secretName"] == "igw-tenant-keys"
+    assert volume["secret"]["items"] == [{"key": "keys", "path": "keys"}]
+    assert gateway_config(render()).tenants is None
+    assert "tenant-keys" not in {m["name"] for m in container(render())["volumeMounts"]}
+    with pytest.raises(Exception, match="needs config.spec.tenants.list"):
+        render({"tenants": {"keysSecret": "igw-tenant-keys"}})

@@ -221,7 +221,31 @@ ACCEPTED: dict[str, Callable[[], dict[str, Any]]] = {
             "shareScrapes": False,
         }
     ),
+    "tenants with api keys": lambda: with_spec(
+        tenants={"keysFile": "/etc/igw-tenant-keys/keys", "list": [{"name": "team-a"}]}
+    ),
+    "tenants every field": lambda: with_spec(
+        auth={"jwt": {"issuer": "i", "jwksFile": "/j.json"}},
+        tenants={
+            "jwtClaim": "org.team",
+            "failureMode": "closed",
+            "list": [
+                {
+                    "name": "team-a",
+                    "weight": 2.5,
+                    "limits": {"requestsPerMinute": 600, "tokensPerMinute": 10**6,
+                               "maxConcurrentRequests": 8},
+                    "modelLimits": {"llama-3.1-70b": {"tokensPerMinute": 1000}},
+                },
+                {"name": "Team_B.eu", "weight": 0.001},
+            ],
+        },
+    ),
 }
+
+def _tenants(**fields: Any) -> dict[str, Any]:
+    return with_spec(tenants={"keysFile": "/k", "list": [{"name": "team-a", **fields}]})
+
 
 # Broken configs: the CRD's schema or CEL rules and the picker both refuse them.
 REJECTED: dict[str, Callable[[], dict[str, Any]]] = {
@@ -249,6 +273,17 @@ REJECTED: dict[str, Callable[[], dict[str, Any]]] = {
     "coordination tiny stream": lambda: with_spec(
         coordination={"url": "redis://r", "streamMaxLen": 10}
     ),
+    "tenants without a list": lambda: with_spec(tenants={"keysFile": "/k"}),
+    "tenants empty list": lambda: with_spec(tenants={"keysFile": "/k", "list": []}),
+    "tenant name with a space": lambda: _tenants(name="team a"),
+    "tenant weight zero": lambda: _tenants(weight=0),
+    "tenant zero limit": lambda: _tenants(limits={"requestsPerMinute": 0}),
+    "tenant misspelt limit": lambda: _tenants(limits={"rpm": 5}),
+    "tenant misspelt model limit": lambda: _tenants(
+        modelLimits={"llama-3.1-70b": {"tokensPerMinut": 5}}),
+    "tenant unknown field": lambda: _tenants(colour="blue"),
+    "tenants bad failure mode": lambda: with_spec(
+        tenants={"keysFile": "/k", "failureMode": "maybe", "list": [{"name": "a"}]}),
     "101 schedulers": lambda: with_spec(
         bbr={"enabled": True},
         schedulers=[
@@ -276,6 +311,15 @@ REJECTED_BY_CEL: dict[str, tuple[Callable[[], dict[str, Any]], str]] = {
     "prometheus without url": (
         lambda: with_scheduler(metrics={"source": "prometheus"}),
         "prometheusUrl",
+    ),
+    "tenants with both keys and a claim": (
+        lambda: with_spec(auth={"jwt": {"issuer": "i", "jwksFile": "/j.json"}}, tenants={
+            "keysFile": "/k", "jwtClaim": "team", "list": [{"name": "a"}]}),
+        "exactly one of keysFile or jwtClaim",
+    ),
+    "tenants with neither keys nor a claim": (
+        lambda: with_spec(tenants={"list": [{"name": "a"}]}),
+        "exactly one of keysFile or jwtClaim",
     ),
     "coordination caFile without tls": (
         lambda: with_spec(coordination={"url": "redis://r:6379/0", "caFile": "/ca.pem"}),
@@ -357,7 +401,18 @@ def test_schema_covers_exactly_the_picker_fields():
         "failureMode",
         "maxFallbacks",
         "coordination",
+        "tenants",
     }
+    tenants = spec["tenants"]["properties"]
+    assert set(tenants) == {"keysFile", "jwtClaim", "failureMode", "list"}
+    tenant = tenants["list"]["items"]["properties"]
+    assert set(tenant) == {"name", "weight", "limits", "modelLimits"}
+    assert set(tenant["limits"]["properties"]) == {
+        "requestsPerMinute", "tokensPerMinute", "maxConcurrentRequests"}
+    from contract.config import MAX_TENANTS, TENANT_FAILURE_MODES
+
+    assert tuple(tenants["failureMode"]["enum"]) == TENANT_FAILURE_MODES
+    assert tenants["list"]["maxItems"] == MAX_TENANTS
     assert set(spec["coordination"]["properties"]) == {
         "url", "passwordFile", "username", "caFile", "keyPrefix", "flushInterval",
         "heartbeatInterval", "replicaTimeout", "timeout", "snapshotInterval", "streamMaxLen",

@@ -89,6 +89,9 @@ def _jwks_file(tmp: Path) -> str:
     return str(path)
 
 
+TENANTS_KEYS = {"keysFile": "/etc/igw/keys", "list": [{"name": "team-a"}]}
+
+
 def variants(tmp: Path) -> dict[str, dict]:
     user_tls = ensure_self_signed(tmp / "user-tls")
     return {
@@ -120,6 +123,11 @@ def variants(tmp: Path) -> dict[str, dict]:
         "fail_open_two_pools": document(
             failureMode="open", bbr={"enabled": True}, schedulers=TWO_POOLS
         ),
+        "tenants_keys": document(tenants=TENANTS_KEYS),
+        "tenants_jwt": document(
+            auth={"jwt": {"issuer": "https://id.test", "jwksFile": _jwks_file(tmp)}},
+            tenants={"jwtClaim": "org.team", "list": [{"name": "team-a"}]},
+        ),
         "no_fallbacks_ipv6": document(
             maxFallbacks=0,
             listener={"address": "::", "port": 9443},
@@ -138,6 +146,8 @@ def variants(tmp: Path) -> dict[str, dict]:
         "user_tls",
         "fail_open",
         "fail_open_two_pools",
+        "tenants_keys",
+        "tenants_jwt",
         "no_fallbacks_ipv6",
     ],
 )
@@ -200,7 +210,8 @@ def test_every_routing_header_is_stripped_early_and_in_the_filter(tmp_path: Path
     early = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
     strip = hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
     for mutations in (early, strip):
-        assert {m["remove"] for m in mutations} == set(hdr.ROUTING_HEADERS) | {hdr.FALLBACK_MODEL}
+        assert {m["remove"] for m in mutations} == set(hdr.ROUTING_HEADERS) | {
+            hdr.FALLBACK_MODEL, hdr.TENANT}
 
 
 def test_body_model_fallback_only_for_fail_open_with_several_pools(tmp_path: Path) -> None:
@@ -449,3 +460,34 @@ def test_self_signed_is_created_reused_and_reissued(tmp_path: Path) -> None:
     assert files.ca_cert.read_bytes() == ca_before  # clients keep trusting the same CA
     ca = x509.load_pem_x509_certificate(ca_before)
     x509.load_pem_x509_certificate(files.cert.read_bytes()).verify_directly_issued_by(ca)
+
+
+def test_tenants_add_identity_attributes_key_removal_and_limit_headers(tmp_path: Path) -> None:
+    """Without spec.tenants nothing changes; with API keys the picker reads the key, the
+    router drops it, and pool routes answer the picker's x-ratelimit-* metadata."""
+    _, plain = _render(tmp_path / "plain", document())
+    _, keyed = _render(tmp_path / "keyed", document(tenants=TENANTS_KEYS))
+    vars_ = variants(tmp_path)
+    _, jwt = _render(tmp_path / "jwt", vars_["tenants_jwt"])
+
+    def ext_proc(bootstrap: dict) -> dict:
+        (f,) = [f for f in _hcm(bootstrap)["http_filters"] if f["name"].endswith("ext_proc")]
+        return f["typed_config"]
+
+    assert ext_proc(plain)["request_attributes"] == list(hdr.REQUEST_ATTRIBUTES)
+    assert ext_proc(keyed)["request_attributes"] == [
+        *hdr.REQUEST_ATTRIBUTES, *hdr.TENANT_ATTRIBUTES]
+    host = _hcm(keyed)["route_config"]["virtual_hosts"][0]
+    assert host["request_headers_to_remove"] == ["authorization"]
+    assert "request_headers_to_remove" not in _hcm(plain)["route_config"]["virtual_hosts"][0]
+    # JWT: jwt_authn already removes the token; the claim becomes x-gateway-tenant
+    assert "request_headers_to_remove" not in _hcm(jwt)["route_config"]["virtual_hosts"][0]
+    (jwt_filter,) = [f for f in _hcm(jwt)["http_filters"] if f["name"].endswith("jwt_authn")]
+    provider = jwt_filter["typed_config"]["providers"]["igw"]
+    assert provider["claim_to_headers"] == [
+        {"header_name": hdr.TENANT, "claim_name": "org.team"}]
+    (pool,) = [r for r in _routes(keyed) if r["name"] == "pool_llama"]
+    assert [h["header"]["key"] for h in pool["response_headers_to_add"]] == list(
+        hdr.RATE_LIMIT_HEADERS)
+    (plain_pool,) = [r for r in _routes(plain) if r["name"] == "pool_llama"]
+    assert "response_headers_to_add" not in plain_pool

@@ -15,6 +15,7 @@ from contract import headers as hdr
 from picker.director import RequestInfo
 from picker.ext_proc_wire import CONTINUE_HEADERS, route_response
 from picker.handlers import ExtProcHandler
+from picker.tenants.identity import TenantDirectory
 
 ROUTING = [
     ("x-gateway-pool", "llama"),
@@ -47,14 +48,19 @@ class FakeDirector:
     def __init__(self) -> None:
         self.infos: list[RequestInfo] = []
         self.completed = 0
+        self.abandoned = 0
+        self.tenants = TenantDirectory()
         self.config = SimpleNamespace(bbr=SimpleNamespace(max_request_body_bytes=1024))
 
     def route_now(self, body: bytes, info: RequestInfo) -> SimpleNamespace:
         self.infos.append(info)
-        return SimpleNamespace(headers=ROUTING, admission_wait=None)
+        return SimpleNamespace(headers=ROUTING, admission_wait=None, limit_headers=None)
 
     def complete(self, _decision: object) -> None:
         self.completed += 1
+
+    def abandon(self, _decision: object) -> None:
+        self.abandoned += 1
 
 
 class FakeStream:
@@ -96,7 +102,7 @@ def _attributes(values: dict[str, str]) -> dict[str, struct_pb2.Struct]:
         "request.url_path": values[":path"].split("?")[0],
         "request.id": values["x-request-id"],
     }
-    for expression in hdr.REQUEST_ATTRIBUTES:
+    for expression in (*hdr.REQUEST_ATTRIBUTES, *hdr.TENANT_ATTRIBUTES):
         name = expression.removeprefix("request.headers['").removesuffix("']")
         if name != expression and name in values:
             evaluated[expression] = values[name]
@@ -146,6 +152,26 @@ def test_body_first_stream_is_routed_like_headers_then_body() -> None:
     assert director1.completed == director2.completed == 1
 
 
+def test_tenant_credentials_arrive_as_attributes_or_headers() -> None:
+    tenant = {**HEADERS, "authorization": "Bearer igw_x", "x-gateway-tenant": "team-a"}
+    director2, _ = _run(
+        [ext_proc.ProcessingRequest(
+            request_headers=ext_proc.HttpHeaders(headers=_header_map(tenant))), _body()]
+    )
+    director1, _ = _run([_body(attributes=_attributes(tenant))])
+    assert director1.infos == director2.infos
+    info = director1.infos[0]
+    assert (info.authorization, info.tenant_claim) == ("Bearer igw_x", "team-a")
+
+
+def test_per_request_metadata_is_encoded_like_the_cached_entries() -> None:
+    extra = [("x-ratelimit-remaining-requests", "41")]
+    wire = route_response(ROUTING, extra)
+    assert wire == route_response(ROUTING + extra)
+    assert ext_proc.ProcessingResponse.FromString(wire).dynamic_metadata.fields[
+        "envoy.lb"].struct_value.fields["x-ratelimit-remaining-requests"].string_value == "41"
+
+
 def test_absent_headers_are_absent_attributes() -> None:
     minimal = {":path": "/v1/completions", "x-request-id": "rid-2"}
     director, _ = _run([_body(attributes=_attributes(minimal))])
@@ -191,7 +217,7 @@ class HeldDirector(FakeDirector):
 
     def route_now(self, body: bytes, info: RequestInfo) -> SimpleNamespace:
         self.infos.append(info)
-        return SimpleNamespace(headers=ROUTING, admission_wait=2.0, status=0)
+        return SimpleNamespace(headers=ROUTING, admission_wait=2.0, status=0, limit_headers=None)
 
     async def admit(self, _decision: object) -> None:
         await self.release.wait()
@@ -224,4 +250,5 @@ async def test_call_ended_while_held_cancels_admission_and_counts_nothing() -> N
     for _ in range(10):
         await asyncio.sleep(0)
     assert director.admitted == 0 and director.completed == 0
+    assert director.abandoned == 1  # its limiter grant (if any) is released
     assert len(stream.written) == 1 and stream.finished

@@ -112,7 +112,7 @@ def ext_proc_filter(config: GatewayConfig) -> dict:
             # A dead picker with fail-closed: a fast, retryable 503 (not 500).
             "status_on_error": {"code": "ServiceUnavailable"},
             "processing_mode": PROCESSING_MODE,
-            "request_attributes": list(headers.REQUEST_ATTRIBUTES),
+            "request_attributes": request_attributes(config),
             "message_timeout": MESSAGE_TIMEOUT,
             # The picker may hold a request in its admission queue and extend
             # the deadline with override_message_timeout, up to this.
@@ -126,6 +126,15 @@ def ext_proc_filter(config: GatewayConfig) -> dict:
             },
         },
     }
+
+
+def request_attributes(config: GatewayConfig) -> list[str]:
+    """What the picker reads; the tenant's credentials only when spec.tenants is set
+    (without tenants, not one more byte per request)."""
+    names = list(headers.REQUEST_ATTRIBUTES)
+    if config.tenants is not None:
+        names += headers.TENANT_ATTRIBUTES
+    return names
 
 
 def hold_filter(config: GatewayConfig) -> dict:
@@ -194,7 +203,8 @@ def router_filter() -> dict:
 def http_filters(config: GatewayConfig, jwt_base_dir: Path | None) -> list[dict]:
     filters = [strip_filter()]
     if config.jwt is not None:
-        filters.append(jwt_filter(config.jwt, jwt_base_dir))
+        claim = config.tenants.jwt_claim if config.tenants is not None else None
+        filters.append(jwt_filter(config.jwt, jwt_base_dir, claim))
     filters += [ext_proc_filter(config), hold_filter(config)]
     if needs_fallback(config):
         filters.append(fallback_filter())

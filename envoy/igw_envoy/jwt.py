@@ -4,7 +4,9 @@ It sits before ext_proc, so a request without a valid token gets 401 from
 Envoy and never costs the picker anything. `/healthz` is exempt so load
 balancers and probes need no token. The token is removed before the request
 goes upstream (`forward: false`): model servers have no use for a user's
-credentials.
+credentials. With `spec.tenants.jwtClaim`, the verified token's claim is copied
+into `x-gateway-tenant` (`claim_to_headers`) for the picker; a client's own
+copy of that header is stripped before this filter runs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from contract import headers
 from contract.config import JwtConfig
 
 PROVIDER = "igw"
@@ -34,13 +37,19 @@ class JwtRenderError(ValueError):
     """The JWT settings cannot be turned into Envoy config (bad URI, no CA bundle)."""
 
 
-def jwt_filter(jwt: JwtConfig, config_dir: Path | None = None) -> dict:
+def jwt_filter(
+    jwt: JwtConfig, config_dir: Path | None = None, tenant_claim: str | None = None
+) -> dict:
     """The jwt_authn HTTP filter: one provider, required on every path but /healthz."""
     provider: dict = {
         "issuer": jwt.issuer,
         "forward": False,
         "clock_skew_seconds": 60,
     }
+    if tenant_claim is not None:
+        provider["claim_to_headers"] = [
+            {"header_name": headers.TENANT, "claim_name": tenant_claim}
+        ]
     if jwt.audiences:
         provider["audiences"] = list(jwt.audiences)
     if jwt.jwks_file is not None:

@@ -146,30 +146,45 @@ def one_message_route(config: GatewayConfig, path: str) -> dict:
     }
 
 
-def pool_route(pool: SchedulerConfig, max_fallbacks: int) -> dict:
+def _from_metadata(name: str) -> dict:
+    return {
+        "header": {
+            "key": name,
+            "value": f"%DYNAMIC_METADATA({headers.LB_METADATA_NAMESPACE}:{name})%",
+        },
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }
+
+
+def rate_limit_headers() -> list[dict]:
+    """A tenant's x-ratelimit-* figures on a served response, from the picker's metadata.
+
+    The picker puts them into the same `envoy.lb` answer as the route, so they cost
+    no extra message; a request without them (no limit on that dimension) has an
+    empty value, and Envoy drops a custom header whose value is empty
+    (`keep_empty_value` false).
+    """
+    return [_from_metadata(name) for name in headers.RATE_LIMIT_HEADERS]
+
+
+def pool_route(pool: SchedulerConfig, max_fallbacks: int, tenants: bool = False) -> dict:
     """The pool the picker chose (its `envoy.lb` metadata); the picker's answer is also
-    copied into the `x-gateway-*` request headers, for the pod and the access log."""
+    copied into the `x-gateway-*` request headers, for the pod and the access log, and
+    (with tenants) a tenant's limits into the response headers."""
     chosen = {
         "filter": headers.LB_METADATA_NAMESPACE,
         "path": [{"key": headers.POOL}],
         "value": {"string_match": {"exact": pool.name}},
     }
-    copies = [
-        {
-            "header": {
-                "key": name,
-                "value": f"%DYNAMIC_METADATA({headers.LB_METADATA_NAMESPACE}:{name})%",
-            },
-            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-        }
-        for name in headers.ROUTING_HEADERS
-    ]
-    return {
+    route = {
         "name": f"pool_{pool.name}",
         "match": {"prefix": "/", "dynamic_metadata": [chosen]},
         "route": pool_route_action(pool, max_fallbacks),
-        "request_headers_to_add": copies,
+        "request_headers_to_add": [_from_metadata(name) for name in headers.ROUTING_HEADERS],
     }
+    if tenants:
+        route["response_headers_to_add"] = rate_limit_headers()
+    return route
 
 
 def fallback_routes(pool: SchedulerConfig, max_fallbacks: int) -> list[dict]:
@@ -193,7 +208,8 @@ def route_config(config: GatewayConfig) -> dict:
     fallback routes (fail-open, several pools), the one-message routes, then the
     fallback."""
     routes = [health_route()]
-    routes += [pool_route(pool, config.max_fallbacks) for pool in config.schedulers]
+    tenants = config.tenants is not None
+    routes += [pool_route(pool, config.max_fallbacks, tenants) for pool in config.schedulers]
     if needs_fallback(config):
         for route in routes:  # the picker answered (or no body matters): no Lua
             route.setdefault("typed_per_filter_config", {}).update(_fallback_off())
@@ -201,7 +217,10 @@ def route_config(config: GatewayConfig) -> dict:
             routes += fallback_routes(pool, config.max_fallbacks)
     routes += [one_message_route(config, path) for path in API_PATHS]
     routes.append(no_pool_route(config))
-    return {
-        "name": "gateway",
-        "virtual_hosts": [{"name": "gateway", "domains": ["*"], "routes": routes}],
-    }
+    host: dict = {"name": "gateway", "domains": ["*"], "routes": routes}
+    if config.tenants is not None and config.tenants.keys_file is not None:
+        # The client's API key is the gateway's business, not the model server's. The
+        # router removes it as it forwards, after ext_proc has read it. (With JWT,
+        # jwt_authn's `forward: false` already removed the token.)
+        host["request_headers_to_remove"] = [headers.AUTHORIZATION]
+    return {"name": "gateway", "virtual_hosts": [host]}

@@ -98,23 +98,7 @@ class Bus:
     def _client(
         self, password: str | None, socket_timeout: float, connections: int
     ) -> aioredis.Redis:
-        tls: dict[str, Any] = {}
-        if self.settings.url.startswith("rediss://"):
-            # verified, host name included (redis-py 5 did not check it by default);
-            # no caFile: the system trust store
-            tls = {"ssl_cert_reqs": "required", "ssl_check_hostname": True,
-                   "ssl_ca_certs": self.settings.ca_file}
-        return aioredis.Redis.from_url(
-            self.settings.url,
-            username=self.settings.username,
-            password=password,
-            **tls,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=self.settings.timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=False,
-            max_connections=connections,
-        )
+        return redis_client(self.settings, password, socket_timeout, connections)
 
     async def close(self) -> None:
         for client in (self._writer, self._reader):
@@ -227,6 +211,30 @@ class Bus:
         writer = self._client_or_raise(self._writer)
         return await self._call(writer.hgetall(self.snapshot_key),
                                 deadline=4 * self.settings.timeout_s)
+
+
+def redis_client(
+    settings: CoordinationConfig, password: str | None, socket_timeout: float, connections: int
+) -> aioredis.Redis:
+    """A client of the coordination Redis, the one way every part of the picker makes one
+    (coordination, the tenant limits): TLS verified, deadlines set, no hidden retries."""
+    tls: dict[str, Any] = {}
+    if settings.url.startswith("rediss://"):
+        # verified, host name included (redis-py 5 did not check it by default);
+        # no caFile: the system trust store
+        tls = {"ssl_cert_reqs": "required", "ssl_check_hostname": True,
+               "ssl_ca_certs": settings.ca_file}
+    return aioredis.Redis.from_url(
+        settings.url,
+        username=settings.username,
+        password=password,
+        **tls,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=settings.timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=False,
+        max_connections=connections,
+    )
 
 
 def stream_key(prefix: str, replica: str) -> str:

@@ -70,6 +70,8 @@ app.kubernetes.io/part-of: inference-gateway
 {{- define "igw.coordinationDir" -}}/etc/igw-coordination{{- end }}
 {{- define "igw.coordinationPasswordFile" -}}{{ include "igw.coordinationDir" . }}/password{{- end }}
 {{- define "igw.coordinationCaDir" -}}/etc/igw-coordination-ca{{- end }}
+{{- define "igw.tenantKeysDir" -}}/etc/igw-tenant-keys{{- end }}
+{{- define "igw.tenantKeysFile" -}}{{ include "igw.tenantKeysDir" . }}/keys{{- end }}
 {{- define "igw.coordinationCaFile" -}}{{ include "igw.coordinationCaDir" . }}/ca.pem{{- end }}
 
 {{/* The Redis URL of spec.coordination: coordination.url, the bundled Redis, or empty. */}}
@@ -121,6 +123,12 @@ would share keys. Default it to the release namespace instead. */}}
 {{- $_ := set $coord "keyPrefix" (printf "igw:%s:%s" $ns (dig "metadata" "name" "inference-gateway" $cfg)) }}
 {{- end }}
 {{- $_ := set $cfg.spec "coordination" $coord }}
+{{- end }}
+{{- if .Values.tenants.keysSecret }}
+{{- if not (dig "tenants" "list" nil $cfg.spec) }}
+{{- fail "tenants.keysSecret: needs config.spec.tenants.list (the tenants the keys belong to)" }}
+{{- end }}
+{{- $_ := set $cfg.spec.tenants "keysFile" (include "igw.tenantKeysFile" .) }}
 {{- end }}
 {{- toYaml $cfg }}
 {{- end }}
