@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import Counter, deque
 
 import numpy as np
+import orjson
 import pytest
 
-from contract.config import SaturationConfig, SchedulerConfig
+from contract.config import SaturationConfig, SchedulerConfig, parse_config
 from contract.errors import Overloaded
-from picker.datastore import Pool
+from picker.datalayer.stats import ScrapeCounters
+from picker.datastore import Datastore, Pool
+from picker.director import Director, RequestInfo
+from picker.gateway_metrics import GatewayMetrics
 from picker.scheduling import AdmissionQueue, Scheduler, SchedulingRequest
 from picker.scheduling.fair_queue import FairQueue
 from picker.scheduling.flow import committed, committed_tokens, has_room, pod_room
@@ -300,3 +305,54 @@ async def test_full_queue_refuses_the_hog_not_the_newcomer():
         t.cancel()
     await asyncio.gather(*hog[:-1], quiet, return_exceptions=True)
     assert len(queue) == 0
+
+
+# -- through the director: what the handler calls, and what the metrics say ------------------
+
+
+def _director(delay: str = "2s"):
+    config = parse_config({
+        "apiVersion": "inference-gateway.io/v1alpha1", "kind": "InferenceGatewayConfig",
+        "metadata": {"name": "t"},
+        "spec": {"schedulers": [{"name": "pool", "modelName": "m",
+                                 "endpoints": ["10.0.0.1:8000", "10.0.0.2:8000"],
+                                 "saturation": {"maxStartDelay": delay}}]},
+    })
+    metrics = GatewayMetrics()
+    director = Director(Datastore(config), metrics)
+    metrics.attach_routing(director, ScrapeCounters())
+    pool = director.datastore.pools["pool"]
+    for row in range(2):
+        pool.mark_scrape(row, True, time.monotonic() + 60)  # fresh for the whole test
+    def body(i: int) -> bytes:  # distinct from the first block: no prefix hits to discount
+        text = f"{i:04d}" * 950
+        return orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
+
+    return director, metrics, body, RequestInfo(path="/v1/chat/completions",
+                                                content_type="application/json")
+
+
+def _gauge(metrics, name: str) -> float:
+    for line in metrics.exposition().decode().splitlines():
+        if line.startswith(f'{name}{{pool="pool"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_director_holds_what_does_not_fit_and_the_metrics_show_it():
+    director, metrics, body, info = _director()
+    routed = [director.route_now(body(i), info) for i in range(6)]
+    held = [d for d in routed if d.admission_wait is not None]
+    sent = [d for d in routed if d.admission_wait is None]
+    # ~1,000-token prompts, 2 s at the default 1,000 tokens/s: two per pod, then hold
+    assert len(sent) == 4 and len(held) == 2
+    assert {d.address for d in sent} == {"10.0.0.1:8000", "10.0.0.2:8000"}
+    assert _gauge(metrics, "igw_pool_committed_requests") == 4
+    assert _gauge(metrics, "igw_pool_committed_prefill_tokens") == pytest.approx(4 * 1000, rel=0.05)
+    assert _gauge(metrics, "igw_pool_saturation") == pytest.approx(1.0, rel=0.05)
+    assert director.admission["pool"].blocked(held[0].request, NOW)
+    for d in sent:
+        director.complete(d)
+    assert _gauge(metrics, "igw_pool_committed_requests") == 0
+    off, _, body, _ = _director("0s")
+    assert all(off.route_now(body(i), info).admission_wait is None for i in range(50))

@@ -9,7 +9,8 @@ tenant. Sheddable requests are refused at once with 429.
 A pool has no room for a request when every candidate pod is saturated by
 its engine signals (picker.scheduling.saturation) or no pod can take it
 within the flow-control bound on committed work (picker.scheduling.flow).
-Waiters are released one at a time while the next one has room. Each release
+Waiters are released one at a time while the next one has room, the next
+only once the previous one's caller has resumed to dispatch it. Each release
 is re-checked when the released request is dispatched (the scheduler's
 dispatch/complete listener), so releases are clocked by the gateway's own
 accounting rather than by stale scrapes, and a periodic re-check (every
@@ -69,6 +70,9 @@ class AdmissionQueue:
         self._clock = clock
         self._saturated = saturated
         self._queue: FairQueue[_Waiter] = FairQueue()
+        # The waiter granted a turn whose caller has not resumed (and so not dispatched)
+        # yet: no other is granted meanwhile, since room is judged on dispatched work.
+        self._granted: _Waiter | None = None
         self._scheduled = False
         self._closed = False
         self._ticker: asyncio.Task[None] | None = None
@@ -114,6 +118,7 @@ class AdmissionQueue:
         try:
             async with asyncio.timeout(wait_s):
                 await waiter.future
+            self._resumed(waiter)
         except TimeoutError:
             self._withdraw(waiter)
             raise QueueTimeout(
@@ -180,9 +185,15 @@ class AdmissionQueue:
         if not victim.future.done():
             victim.future.set_exception(full)
 
+    def _resumed(self, waiter: _Waiter) -> None:
+        """`waiter`'s caller runs again: it dispatches now, so the next may be judged."""
+        if self._granted is waiter:
+            self._granted = None
+
     def _withdraw(self, waiter: _Waiter) -> None:
         """The waiter leaves (timeout, cancel): drop it, or pass on a turn it was given."""
         if waiter.granted:
+            self._resumed(waiter)
             self.notify()
             return
         if waiter.entry is not None:
@@ -191,11 +202,14 @@ class AdmissionQueue:
     def _release(self) -> None:
         """Grant the next waiter if the pool has room for it (one per call; see module doc)."""
         self._scheduled = False
+        if self._granted is not None:
+            return  # its dispatch (a listener call) or its withdrawal calls again
         head = self._queue.peek()
         if head is None or not self._room(head.item.request, self._clock()):
             return
         waiter = self._queue.pop()
         waiter.granted = True
+        self._granted = waiter
         if not waiter.future.done():
             waiter.future.set_result(None)
 
