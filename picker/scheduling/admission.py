@@ -17,6 +17,13 @@ accounting rather than by stale scrapes, and a periodic re-check (every
 20 ms while anyone waits) catches what only a new scrape shows (a drained
 prefill backlog). Everything is bounded: the queue length (`queueSize`),
 each wait (`queueTimeout`), and dead entries left by cancelled waiters.
+
+A tenant holding its share of the pool's batch slots (picker.scheduling.shares)
+has no room even when a pod does: the release then skips its waiters and
+grants the next in fair order among the tenants within their shares, so a
+tenant over its share cannot block the queue's head. A newcomer that must
+queue behind others is judged at once (not at the next dispatch or tick):
+it may be the one with room.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from typing import TYPE_CHECKING
 from picker.datastore import Pool
 from picker.scheduling.errors import NoReadyEndpoint, Overloaded, QueueTimeout
 from picker.scheduling.fair_queue import Entry, FairQueue
-from picker.scheduling.flow import has_room
+from picker.scheduling.flow import has_room, tenant_capped
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.saturation import pool_saturated
 
@@ -85,7 +92,11 @@ class AdmissionQueue:
 
     def blocked(self, req: SchedulingRequest, now: float) -> bool:
         """`req` must wait: others already wait (a newcomer must not overtake them),
-        or the pool has no room for it."""
+        or the pool has no room for it. Counts `req`'s tenant as active (shares)."""
+        if self._scheduler is not None:
+            self._scheduler.state.shares.seen(
+                req.tenant, req.tenant_weight, now,
+                self.pool.config.saturation.fair_share_window_s)
         return len(self._queue) > 0 or not self._room(req, now)
 
     def _room(self, req: SchedulingRequest, now: float) -> bool:
@@ -114,6 +125,7 @@ class AdmissionQueue:
         if len(self._queue) >= cfg.queue_size:
             self._make_room(req)
         waiter = self._enqueue(req)
+        self.notify()
         wait_s = cfg.queue_timeout_s if timeout is None else timeout
         try:
             async with asyncio.timeout(wait_s):
@@ -205,9 +217,16 @@ class AdmissionQueue:
         if self._granted is not None:
             return  # its dispatch (a listener call) or its withdrawal calls again
         head = self._queue.peek()
-        if head is None or not self._room(head.item.request, self._clock()):
+        if head is None:
             return
-        waiter = self._queue.pop()
+        now = self._clock()
+        if self._scheduler is not None and tenant_capped(self._scheduler.state, head.tenant, now):
+            state = self._scheduler.state
+            capped = {t for t in self._queue.tenants() if tenant_capped(state, t, now)}
+            head = self._queue.peek_excluding(capped)
+        if head is None or not self._room(head.item.request, now):
+            return
+        waiter = self._queue.take(head)
         waiter.granted = True
         self._granted = waiter
         if not waiter.future.done():

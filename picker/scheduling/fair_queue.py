@@ -126,12 +126,46 @@ class FairQueue(Generic[T]):
             heapq.heappop(heap)
         return heap[0][3] if heap else None
 
+    def peek_excluding(self, skip: set[str]) -> Entry[T] | None:
+        """The next entry to leave among tenants not in `skip` (those at their share of
+        the pool's slots, picker.scheduling.shares), or None. Within a band a tenant's
+        oldest entry has its smallest tag, so this looks at one entry per tenant
+        queued: O(tenants queued), only when the heap's head is skipped."""
+        for priority in sorted(self._bands, reverse=True):
+            band = self._bands[priority]
+            best: Entry[T] | None = None
+            for tenant, waiting in band.entries.items():
+                if tenant in skip:
+                    continue
+                while waiting and waiting[0].removed:
+                    waiting.popleft()
+                if waiting and (best is None or waiting[0].finish < best.finish):
+                    best = waiting[0]
+            if best is not None:
+                return best
+        return None
+
+    def tenants(self) -> set[str]:
+        """Tenants with an entry queued, in any band."""
+        return {t for band in self._bands.values() for t in band.queued}
+
     def pop(self) -> T:
         """Take the next entry out (the queue must not be empty); it advances its band's clock."""
         entry = self.peek()
         if entry is None:
             raise IndexError("pop from an empty FairQueue")
         heapq.heappop(self._heap)
+        return self._take(entry)
+
+    def take(self, entry: Entry[T]) -> T:
+        """Take out `entry` (from `peek_excluding`) as if popped: it advances its band's
+        clock. Its heap slot is left dead (bounded by `_compact`)."""
+        item = self._take(entry)
+        if len(self._heap) > 2 * self._live + 32:
+            self._compact()
+        return item
+
+    def _take(self, entry: Entry[T]) -> T:
         band = self._bands[entry.priority]
         band.vtime = max(band.vtime, entry.finish)
         oldest = band.entries[entry.tenant]

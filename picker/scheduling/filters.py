@@ -14,7 +14,7 @@ import numpy as np
 
 from picker.datastore import Pool
 from picker.scheduling.context import ScoringContext
-from picker.scheduling.flow import pod_room
+from picker.scheduling.flow import free_slot, pod_room
 from picker.scheduling.plugins import FILTERS, PodFilter
 
 # How long an adapter the gateway sent to a pod is assumed to stay resident there.
@@ -132,8 +132,10 @@ class FlowRoom:
     (picker.scheduling.flow).
 
     Admission released the request because some pod has room; this sends it
-    to one of those. If none of the candidates the earlier filters left has
-    room (LoRA narrowed them), all are kept: a filter never fails a request.
+    to one of those, and to one with a learned batch slot free if there is
+    one (not into an engine's queue behind `slotAllowance`). If none of the
+    candidates the earlier filters left has room (LoRA narrowed them), all
+    are kept: a filter never fails a request.
     """
 
     name: ClassVar[str] = "flow-room"
@@ -142,4 +144,7 @@ class FlowRoom:
 
     def keep(self, ctx: ScoringContext) -> np.ndarray:
         room = pod_room(ctx.state, ctx.req, ctx.now, ctx.index)
-        return room if room.any() else np.ones(len(ctx.rows), dtype=bool)
+        if not room.any():
+            return np.ones(len(ctx.rows), dtype=bool)
+        free = room & free_slot(ctx.state, ctx.index)
+        return free if free.any() else room

@@ -20,6 +20,16 @@ for a request while that time, the request included, stays within
 the whole budget must still run somewhere). What has no room waits in the
 admission queue and is released as the backlog drains.
 
+The start delay counts prefill work only, not the wait for a batch slot: a pod
+of 4 slots and ~0.5 s requests took dozens of short prompts within the bound,
+which then waited seconds in the engine's own first-come-first-served queue,
+where the gateway's fair queue cannot reorder them. So a pod whose slots are
+learned (PoolState.slot_limits) also has room only while the gateway's
+requests in flight there are fewer than its slots plus `slotAllowance`; the
+pick prefers a pod with a slot actually free (`free_slot`). Unknown slots:
+only the start-delay bound applies. Tenants' shares of the slots are
+picker.scheduling.shares.
+
 Everything is a few numpy operations over the pool's rows: no per-pod loop.
 """
 
@@ -52,14 +62,34 @@ def pod_room(
     state: PoolState, req: SchedulingRequest, now: float, index: slice | np.ndarray
 ) -> np.ndarray:
     """Boolean per row of `index`: sending `req` there keeps the pod's start delay
-    within `maxStartDelay` (always true when the bound is off or the pod is idle)."""
-    bound = state.pool.config.saturation.max_start_delay_s
-    work = committed_tokens(state, index)
+    within `maxStartDelay` and its requests within its learned slots plus
+    `slotAllowance` (always true when flow control is off; an idle pod has room)."""
+    sat = state.pool.config.saturation
+    bound = sat.max_start_delay_s
     if bound <= 0:
-        return np.ones(len(work), dtype=bool)
+        return np.ones(len(state.pool.table.inflight[index]), dtype=bool)
+    slots = state.slot_limits(index)
+    room = (slots <= 0) | (state.pool.table.inflight[index] < slots + sat.slot_allowance)
+    work = committed_tokens(state, index)
     tps = state.speeds(now)[0][index]
     cost = max(float(req.prompt_tokens), 1.0) * (1.0 - state.cached_share[index])
-    return (work < IDLE_TOKENS) | (work + cost <= bound * tps)
+    return room & ((work < IDLE_TOKENS) | (work + cost <= bound * tps))
+
+
+def free_slot(state: PoolState, index: slice | np.ndarray) -> np.ndarray:
+    """Boolean per row of `index`: a learned batch slot is free (or slots are unknown),
+    so a request sent there starts without waiting in the engine's queue."""
+    if state.pool.config.saturation.max_start_delay_s <= 0:
+        return np.ones(len(state.pool.table.inflight[index]), dtype=bool)
+    slots = state.slot_limits(index)
+    return (slots <= 0) | (state.pool.table.inflight[index] < slots)
+
+
+def pool_slots(state: PoolState, rows: np.ndarray) -> float:
+    """Learned batch slots of `rows` together; 0 when any is unknown (then tenants'
+    shares of them are not limited: picker.scheduling.shares)."""
+    slots = state.slot_limits(rows)
+    return float(slots.sum()) if len(slots) and bool((slots > 0).all()) else 0.0
 
 
 def routable_rows(state: PoolState, now: float) -> np.ndarray:
@@ -74,11 +104,30 @@ def routable_rows(state: PoolState, now: float) -> np.ndarray:
 
 
 def has_room(state: PoolState, req: SchedulingRequest, now: float) -> bool:
-    """Some pod the pick may use can take `req` within the start-delay bound; True
-    when there is no such pod at all (the pick answers 503 then, not the queue)."""
+    """Some pod the pick may use can take `req` within the start-delay bound and its
+    slots, and `req`'s tenant is within its share of the slots; True when there is no
+    such pod at all (the pick answers 503 then, not the queue)."""
     state.sync()
     rows = routable_rows(state, now)
-    return not len(rows) or bool(pod_room(state, req, now, rows).any())
+    if not len(rows):
+        return True
+    if tenant_capped(state, req.tenant, now, rows):
+        return False
+    return bool(pod_room(state, req, now, rows).any())
+
+
+def tenant_capped(
+    state: PoolState, tenant: str, now: float, rows: np.ndarray | None = None
+) -> bool:
+    """`tenant` holds its whole share of the pool's slots (picker.scheduling.shares)."""
+    sat = state.pool.config.saturation
+    window = sat.fair_share_window_s
+    if window <= 0 or sat.max_start_delay_s <= 0 or len(state.shares) < 2:
+        return False
+    if rows is None:
+        state.sync()
+        rows = routable_rows(state, now)
+    return state.shares.capped(tenant, pool_slots(state, rows), now, window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +136,9 @@ class Committed:
 
     requests: float  # the gateway's requests in flight on the pool
     prefill_tokens: float  # uncached prompt tokens sent and not yet prefilled
-    # Share of the pool's capacity in use: the larger of committed prefill time over
-    # the start-delay budget, and the share of pods saturated by their engine signals.
+    # Share of the pool's capacity in use: the largest of committed prefill time over
+    # the start-delay budget, requests in flight over learned slots (when every
+    # routable pod's are known), and the share of pods saturated by engine signals.
     # 1 or more: new requests wait (a scaler's target is below 1).
     saturation: float
 
@@ -106,6 +156,9 @@ def committed(state: PoolState, now: float) -> Committed:
     bound = pool.config.saturation.max_start_delay_s
     share = float(saturated_pods(pool)[rows].mean())
     if bound > 0:
+        slots = pool_slots(state, rows)
+        if slots > 0:
+            share = max(share, float(t.inflight[rows].sum()) / slots)
         budget = bound * float(state.speeds(now)[0][rows].sum())
         share = max(share, float(committed_tokens(state, rows).sum()) / budget)
     return Committed(float(t.inflight[valid].sum()), tokens, share)
