@@ -439,9 +439,10 @@ def _saturation(data: Any, path: str) -> SaturationConfig:
     allowance = _typed(f.take("slotAllowance", d.slot_allowance), int, f.at("slotAllowance"))
     window = _duration_or_off(f, "fairShareWindow", d.fair_share_window_s)
     f.done()
-    if queue < 0 or size < 0 or allowance < 0:
-        raise ConfigError(
-            f"{path}: queueThreshold, queueSize and slotAllowance must not be negative")
+    if queue < 0 or size < 0:
+        raise ConfigError(f"{path}: queueThreshold and queueSize must not be negative")
+    if allowance < 0:
+        raise ConfigError(f"{f.at('slotAllowance')}: must not be negative, got {allowance}")
     return SaturationConfig(
         queue_threshold=queue,
         kv_cache_threshold=kv,
