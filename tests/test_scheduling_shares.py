@@ -2,8 +2,10 @@
 
 - PoolState.slot_limits learns a pod's slots from its scrapes (running while
   requests wait with KV to spare), never from a KV-bound queue, and raises an
-  underestimate; flow control bounds a pod's requests by slots + slotAllowance
-  and prefers a free slot; unknown slots leave today's behaviour.
+  underestimate; flow control bounds the pool's requests by its slots +
+  slotAllowance per pod (which pod stays the scorers' choice); unknown slots
+  leave today's behaviour; the pick prefers a free slot only while tenants
+  share the slots.
 - TenantShares: a tenant alone is not limited; active tenants split the slots
   by weight (at least one each); an idle tenant stops counting after the window;
   state stays bounded.
@@ -26,10 +28,11 @@ from picker.scheduling import AdmissionQueue, Scheduler
 from picker.scheduling.fair_queue import FairQueue
 from picker.scheduling.flow import (
     committed,
-    free_slot,
+    free_slots,
     has_room,
     pod_room,
     pool_slots,
+    slots_room,
     tenant_capped,
 )
 from picker.scheduling.shares import PRUNE_INTERVAL_S, TenantShares
@@ -76,34 +79,48 @@ def test_slots_are_learned_from_a_queue_with_kv_to_spare_only():
     assert pool_slots(state, ROWS) == 12.0
 
 
-def test_a_pod_takes_slots_plus_the_allowance_and_a_free_slot_is_preferred():
+def test_the_pool_takes_its_slots_plus_the_allowance_and_unknown_slots_change_nothing():
     pool, sched = slotted(4)
     small = req(100)  # far inside the start-delay bound: only slots limit here
-    for _ in range(4):
-        sched.on_dispatch(0, small, NOW)
-    assert pod_room(sched.state, small, NOW, ROWS).tolist() == [True, True]  # allowance 1
-    assert free_slot(sched.state, ROWS).tolist() == [False, True]
-    sched.on_dispatch(0, small, NOW)
-    assert pod_room(sched.state, small, NOW, ROWS).tolist() == [False, True]
-    for _ in range(5):
-        sched.on_dispatch(1, small, NOW)
-    assert not has_room(sched.state, small, NOW)
+    for _ in range(9):
+        sched.on_dispatch(0, small, NOW)  # where is the scorers' choice: the pool counts
+    assert slots_room(sched.state, ROWS) and has_room(sched.state, small, NOW)
+    assert pod_room(sched.state, small, NOW, ROWS).tolist() == [True, True]  # no pod bound
+    sched.on_dispatch(1, small, NOW)  # 10 = 2 x (4 slots + allowance 1)
+    assert not slots_room(sched.state, ROWS) and not has_room(sched.state, small, NOW)
     assert committed(sched.state, NOW).saturation == pytest.approx(10 / 8)
     sched.on_complete(1, small, NOW, 0.5, True)
     assert has_room(sched.state, small, NOW)
-    # unknown slots: only the start-delay bound applies (ten small requests fit it)
-    pool = make_pool(1)
-    sched = Scheduler(pool)
+    # one pod's slots unknown: only the start-delay bound applies (ten small requests fit)
+    scrape(pool, 0, 0, 0)
+    sched.state.slots[0] = 0.0
     for _ in range(10):
-        sched.on_dispatch(0, small, NOW)
-    assert has_room(sched.state, small, NOW)
+        sched.on_dispatch(1, small, NOW)
+    assert slots_room(sched.state, ROWS) and has_room(sched.state, small, NOW)
     # flow control off turns the slots off too
     pool, sched = slotted(4)
     pool.config = replace(pool.config, saturation=replace(
         pool.config.saturation, max_start_delay_s=0.0))
     for _ in range(20):
         sched.on_dispatch(0, small, NOW)
-    assert pod_room(sched.state, small, NOW, ROWS).all() and free_slot(sched.state, ROWS).all()
+    assert has_room(sched.state, small, NOW)
+
+
+def test_free_slots_are_preferred_only_while_tenants_share_the_slots():
+    pool, sched = slotted(4)
+    state = sched.state
+    for _ in range(4):
+        state.on_dispatch(0, req(100, tenant="a"), NOW)
+    state.shares.seen("a", 1.0, NOW, 5.0)
+    assert free_slots(state, req(100, tenant="a"), NOW, ROWS) is None  # a alone: scorers
+    state.shares.seen("b", 1.0, NOW, 5.0)
+    assert free_slots(state, req(100, tenant="b"), NOW, ROWS).tolist() == [False, True]
+    ctx = sched._filter(req(100, tenant="b"), NOW)[0]
+    assert ctx.rows.tolist() == [1]  # the flow-room filter keeps the pod with a free slot
+    assert sched.pick(req(100, tenant="b"), NOW).rows[0] == 1
+    pool.config = replace(pool.config, saturation=replace(
+        pool.config.saturation, fair_share_window_s=0.0))
+    assert free_slots(state, req(100, tenant="b"), NOW, ROWS) is None  # shares off
 
 
 # -- shares ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import numpy as np
 
 from picker.datastore import Pool
 from picker.scheduling.context import ScoringContext
-from picker.scheduling.flow import free_slot, pod_room
+from picker.scheduling.flow import free_slots, pod_room
 from picker.scheduling.plugins import FILTERS, PodFilter
 
 # How long an adapter the gateway sent to a pod is assumed to stay resident there.
@@ -132,8 +132,9 @@ class FlowRoom:
     (picker.scheduling.flow).
 
     Admission released the request because some pod has room; this sends it
-    to one of those, and to one with a learned batch slot free if there is
-    one (not into an engine's queue behind `slotAllowance`). If none of the
+    to one of those, and while tenants share the pool's batch slots to one
+    with a slot free if there is one (a tenant within its share starts at
+    once, not behind another's requests in an engine's queue). If none of the
     candidates the earlier filters left has room (LoRA narrowed them), all
     are kept: a filter never fails a request.
     """
@@ -146,5 +147,8 @@ class FlowRoom:
         room = pod_room(ctx.state, ctx.req, ctx.now, ctx.index)
         if not room.any():
             return np.ones(len(ctx.rows), dtype=bool)
-        free = room & free_slot(ctx.state, ctx.index)
+        free = free_slots(ctx.state, ctx.req, ctx.now, ctx.index)
+        if free is None:
+            return room
+        free &= room
         return free if free.any() else room

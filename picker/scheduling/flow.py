@@ -23,12 +23,17 @@ admission queue and is released as the backlog drains.
 The start delay counts prefill work only, not the wait for a batch slot: a pod
 of 4 slots and ~0.5 s requests took dozens of short prompts within the bound,
 which then waited seconds in the engine's own first-come-first-served queue,
-where the gateway's fair queue cannot reorder them. So a pod whose slots are
-learned (PoolState.slot_limits) also has room only while the gateway's
-requests in flight there are fewer than its slots plus `slotAllowance`; the
-pick prefers a pod with a slot actually free (`free_slot`). Unknown slots:
-only the start-delay bound applies. Tenants' shares of the slots are
-picker.scheduling.shares.
+where the gateway's fair queue cannot reorder them. So once every routable
+pod's slots are learned (PoolState.slot_limits), the pool also has room only
+while the gateway's requests in flight on it are fewer than its slots plus
+`slotAllowance` per pod (`slots_room`): the excess waits in the gateway's
+queue. That bound is the pool's, not each pod's: which pod a request goes to
+stays the scorers' choice (a fast pod with a short engine queue beats an
+idle slow one; a per-pod slot filter made the scenario family's TTFT p95
+worse, bench/family.py, median x best-ttft 1.13 -> 1.34). Only while tenants
+share the slots (picker.scheduling.shares) does the pick prefer a pod with a
+slot free (`free_slots`), so that a tenant within its share starts at once.
+Unknown slots: only the start-delay bound applies.
 
 Everything is a few numpy operations over the pool's rows: no per-pod loop.
 """
@@ -62,34 +67,31 @@ def pod_room(
     state: PoolState, req: SchedulingRequest, now: float, index: slice | np.ndarray
 ) -> np.ndarray:
     """Boolean per row of `index`: sending `req` there keeps the pod's start delay
-    within `maxStartDelay` and its requests within its learned slots plus
-    `slotAllowance` (always true when flow control is off; an idle pod has room)."""
-    sat = state.pool.config.saturation
-    bound = sat.max_start_delay_s
-    if bound <= 0:
-        return np.ones(len(state.pool.table.inflight[index]), dtype=bool)
-    slots = state.slot_limits(index)
-    room = (slots <= 0) | (state.pool.table.inflight[index] < slots + sat.slot_allowance)
+    within `maxStartDelay` (always true when the bound is off or the pod is idle)."""
+    bound = state.pool.config.saturation.max_start_delay_s
     work = committed_tokens(state, index)
+    if bound <= 0:
+        return np.ones(len(work), dtype=bool)
     tps = state.speeds(now)[0][index]
     cost = max(float(req.prompt_tokens), 1.0) * (1.0 - state.cached_share[index])
-    return room & ((work < IDLE_TOKENS) | (work + cost <= bound * tps))
-
-
-def free_slot(state: PoolState, index: slice | np.ndarray) -> np.ndarray:
-    """Boolean per row of `index`: a learned batch slot is free (or slots are unknown),
-    so a request sent there starts without waiting in the engine's queue."""
-    if state.pool.config.saturation.max_start_delay_s <= 0:
-        return np.ones(len(state.pool.table.inflight[index]), dtype=bool)
-    slots = state.slot_limits(index)
-    return (slots <= 0) | (state.pool.table.inflight[index] < slots)
+    return (work < IDLE_TOKENS) | (work + cost <= bound * tps)
 
 
 def pool_slots(state: PoolState, rows: np.ndarray) -> float:
-    """Learned batch slots of `rows` together; 0 when any is unknown (then tenants'
-    shares of them are not limited: picker.scheduling.shares)."""
+    """Learned batch slots of `rows` together; 0 when any is unknown (then neither the
+    pool's requests nor tenants' shares of them are bounded by slots)."""
     slots = state.slot_limits(rows)
     return float(slots.sum()) if len(slots) and bool((slots > 0).all()) else 0.0
+
+
+def slots_room(state: PoolState, rows: np.ndarray) -> bool:
+    """The pool's requests in flight on `rows` are fewer than their learned slots plus
+    `slotAllowance` each (always true while any pod's slots are unknown)."""
+    slots = pool_slots(state, rows)
+    if slots <= 0:
+        return True
+    allowance = state.pool.config.saturation.slot_allowance * len(rows)
+    return float(state.pool.table.inflight[rows].sum()) < slots + allowance
 
 
 def routable_rows(state: PoolState, now: float) -> np.ndarray:
@@ -104,16 +106,32 @@ def routable_rows(state: PoolState, now: float) -> np.ndarray:
 
 
 def has_room(state: PoolState, req: SchedulingRequest, now: float) -> bool:
-    """Some pod the pick may use can take `req` within the start-delay bound and its
-    slots, and `req`'s tenant is within its share of the slots; True when there is no
-    such pod at all (the pick answers 503 then, not the queue)."""
+    """Some pod the pick may use can take `req` within the start-delay bound, the pool
+    within its slots, and `req`'s tenant is within its share of the slots; True when
+    there is no such pod at all (the pick answers 503 then, not the queue)."""
     state.sync()
     rows = routable_rows(state, now)
     if not len(rows):
         return True
-    if tenant_capped(state, req.tenant, now, rows):
+    if state.pool.config.saturation.max_start_delay_s > 0 and (
+        not slots_room(state, rows) or tenant_capped(state, req.tenant, now, rows)
+    ):
         return False
     return bool(pod_room(state, req, now, rows).any())
+
+
+def free_slots(state: PoolState, req: SchedulingRequest, now: float,
+               index: slice | np.ndarray) -> np.ndarray | None:
+    """While tenants share the pool's slots (`req`'s tenant and another active, every
+    routable pod's slots known): per row of `index`, whether a slot is free, so the pick
+    can send `req` where it starts at once. None otherwise: the scorers alone choose."""
+    sat = state.pool.config.saturation
+    if sat.fair_share_window_s <= 0 or sat.max_start_delay_s <= 0 or len(state.shares) < 2:
+        return None
+    slots = pool_slots(state, routable_rows(state, now))
+    if state.shares.share(req.tenant, slots, now, sat.fair_share_window_s) is None:
+        return None
+    return state.pool.table.inflight[index] < state.slots[index]
 
 
 def tenant_capped(
