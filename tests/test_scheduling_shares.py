@@ -106,12 +106,17 @@ def test_the_pool_takes_its_slots_plus_the_allowance_and_unknown_slots_change_no
     assert has_room(sched.state, small, NOW)
 
 
-def test_free_slots_are_preferred_only_while_tenants_share_the_slots():
+def a_holds_pod_0():
+    """Slots 4 + 4 learned; tenant a (active) has 4 requests in flight on pod 0."""
     pool, sched = slotted(4)
-    state = sched.state
     for _ in range(4):
-        state.on_dispatch(0, req(100, tenant="a"), NOW)
-    state.shares.seen("a", 1.0, NOW, 5.0)
+        sched.state.on_dispatch(0, req(100, tenant="a"), NOW)
+    sched.state.shares.seen("a", 1.0, NOW, 5.0)
+    return pool, sched, sched.state
+
+
+def test_free_slots_are_preferred_only_while_tenants_share_the_slots():
+    pool, sched, state = a_holds_pod_0()
     assert free_slots(state, req(100, tenant="a"), NOW, ROWS) is None  # a alone: scorers
     state.shares.seen("b", 1.0, NOW, 5.0)
     assert free_slots(state, req(100, tenant="b"), NOW, ROWS).tolist() == [False, True]
@@ -224,11 +229,7 @@ async def test_a_tenant_within_its_share_starts_past_the_noisy_ones_waiters():
 
 
 def test_tenant_capped_needs_two_tenants_and_known_slots():
-    pool, sched = slotted(4)
-    state = sched.state
-    for _ in range(4):
-        state.on_dispatch(0, req(100, tenant="a"), NOW)
-    state.shares.seen("a", 1.0, NOW, 5.0)
+    pool, _, state = a_holds_pod_0()
     assert not tenant_capped(state, "a", NOW)
     state.shares.seen("b", 1.0, NOW, 5.0)
     assert tenant_capped(state, "a", NOW) and not tenant_capped(state, "b", NOW)
