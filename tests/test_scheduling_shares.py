@@ -32,6 +32,7 @@ from picker.scheduling.flow import (
     has_room,
     pod_room,
     pool_slots,
+    shared_slots,
     slots_room,
     tenant_capped,
 )
@@ -230,9 +231,14 @@ async def test_a_tenant_within_its_share_starts_past_the_noisy_ones_waiters():
 
 def test_tenant_capped_needs_two_tenants_and_known_slots():
     pool, _, state = a_holds_pod_0()
-    assert not tenant_capped(state, "a", NOW)
+    assert shared_slots(state, NOW) == 0.0  # a alone
     state.shares.seen("b", 1.0, NOW, 5.0)
-    assert tenant_capped(state, "a", NOW) and not tenant_capped(state, "b", NOW)
+    slots = shared_slots(state, NOW)
+    assert slots == 8.0
+    assert tenant_capped(state, "a", NOW, slots) and not tenant_capped(state, "b", NOW, slots)
     pool.table.ready[1] = False  # one pod left: a's share is 2 of its 4 slots
     state.on_complete(0, req(100, tenant="a"), NOW, 0.5, True)
-    assert tenant_capped(state, "a", NOW)
+    assert shared_slots(state, NOW) == 4.0 and tenant_capped(state, "a", NOW, 4.0)
+    state.slots[0] = 0.0  # slots unknown: no shares
+    scrape(pool, 0, 0, 0)
+    assert shared_slots(state, NOW) == 0.0 and not tenant_capped(state, "a", NOW, 0.0)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from picker.datastore import Pool
 from picker.scheduling.errors import NoReadyEndpoint, Overloaded, QueueTimeout
 from picker.scheduling.fair_queue import Entry, FairQueue
-from picker.scheduling.flow import has_room, tenant_capped
+from picker.scheduling.flow import has_room, shared_slots, tenant_capped
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.saturation import pool_saturated
 
@@ -220,9 +220,10 @@ class AdmissionQueue:
         if head is None:
             return
         now = self._clock()
-        if self._scheduler is not None and tenant_capped(self._scheduler.state, head.tenant, now):
-            state = self._scheduler.state
-            capped = {t for t in self._queue.tenants() if tenant_capped(state, t, now)}
+        state = self._scheduler.state if self._scheduler is not None else None
+        slots = shared_slots(state, now) if state is not None else 0.0
+        if state is not None and tenant_capped(state, head.tenant, now, slots):
+            capped = {t for t in self._queue.tenants() if tenant_capped(state, t, now, slots)}
             head = self._queue.peek_excluding(capped)
         if head is None or not self._room(head.item.request, now):
             return

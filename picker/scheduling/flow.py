@@ -114,7 +114,8 @@ def has_room(state: PoolState, req: SchedulingRequest, now: float) -> bool:
     if not len(rows):
         return True
     if state.pool.config.saturation.max_start_delay_s > 0 and (
-        not slots_room(state, rows) or tenant_capped(state, req.tenant, now, rows)
+        not slots_room(state, rows)
+        or tenant_capped(state, req.tenant, now, shared_slots(state, now, rows))
     ):
         return False
     return bool(pod_room(state, req, now, rows).any())
@@ -125,27 +126,30 @@ def free_slots(state: PoolState, req: SchedulingRequest, now: float,
     """While tenants share the pool's slots (`req`'s tenant and another active, every
     routable pod's slots known): per row of `index`, whether a slot is free, so the pick
     can send `req` where it starts at once. None otherwise: the scorers alone choose."""
-    sat = state.pool.config.saturation
-    if sat.fair_share_window_s <= 0 or sat.max_start_delay_s <= 0 or len(state.shares) < 2:
-        return None
-    slots = pool_slots(state, routable_rows(state, now))
-    if state.shares.share(req.tenant, slots, now, sat.fair_share_window_s) is None:
+    slots = shared_slots(state, now)
+    window = state.pool.config.saturation.fair_share_window_s
+    if slots <= 0 or state.shares.share(req.tenant, slots, now, window) is None:
         return None
     return state.pool.table.inflight[index] < state.slots[index]
 
 
-def tenant_capped(
-    state: PoolState, tenant: str, now: float, rows: np.ndarray | None = None
-) -> bool:
-    """`tenant` holds its whole share of the pool's slots (picker.scheduling.shares)."""
+def shared_slots(state: PoolState, now: float, rows: np.ndarray | None = None) -> float:
+    """The pool's slots that tenants share (picker.scheduling.shares), or 0 when shares
+    cannot bind: turned off, flow control off, fewer than two tenants, slots unknown."""
     sat = state.pool.config.saturation
-    window = sat.fair_share_window_s
-    if window <= 0 or sat.max_start_delay_s <= 0 or len(state.shares) < 2:
-        return False
+    if sat.fair_share_window_s <= 0 or sat.max_start_delay_s <= 0 or len(state.shares) < 2:
+        return 0.0
     if rows is None:
         state.sync()
         rows = routable_rows(state, now)
-    return state.shares.capped(tenant, pool_slots(state, rows), now, window)
+    return pool_slots(state, rows)
+
+
+def tenant_capped(state: PoolState, tenant: str, now: float, slots: float) -> bool:
+    """`tenant` holds its whole share of `slots` (from `shared_slots`)."""
+    if slots <= 0:
+        return False
+    return state.shares.capped(tenant, slots, now, state.pool.config.saturation.fair_share_window_s)
 
 
 @dataclass(frozen=True, slots=True)
