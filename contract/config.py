@@ -106,6 +106,21 @@ class SaturationConfig:
     kv_cache_threshold: float = 0.9
     queue_size: int = 256
     queue_timeout_s: float = 10.0
+    # Flow control (picker.scheduling.flow): a pod is sent a request only while the
+    # uncached prompt tokens it has been sent and not yet prefilled, at its learned
+    # prefill speed, take at most this long, so a dispatched request starts within it.
+    # "0s" turns flow control off, slots and tenants' shares of them included
+    # (admission then judges the scraped engine queue alone).
+    max_start_delay_s: float = 2.0
+    # A pod whose batch slots are learned (picker.scheduling.state.PoolState.slot_limits)
+    # is sent a request only while the gateway's requests in flight there are fewer
+    # than its slots plus this many, so the excess waits in the gateway's fair queue,
+    # not the engine's FCFS one (1: an underestimated limit can still be seen to rise).
+    slot_allowance: int = 1
+    # While more than one tenant sent a pool a request within this window (or has one
+    # in flight), each may hold at most its weighted share of the pool's learned slots
+    # (picker.scheduling.shares). "0s" turns the shares off.
+    fair_share_window_s: float = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -420,12 +435,31 @@ def _saturation(data: Any, path: str) -> SaturationConfig:
     kv = _number(f.take("kvCacheThreshold", d.kv_cache_threshold), f.at("kvCacheThreshold"), 0, 1)
     size = _typed(f.take("queueSize", d.queue_size), int, f.at("queueSize"))
     timeout = parse_duration(f.take("queueTimeout", d.queue_timeout_s), f.at("queueTimeout"))
+    delay = _duration_or_off(f, "maxStartDelay", d.max_start_delay_s)
+    allowance = _typed(f.take("slotAllowance", d.slot_allowance), int, f.at("slotAllowance"))
+    window = _duration_or_off(f, "fairShareWindow", d.fair_share_window_s)
     f.done()
     if queue < 0 or size < 0:
         raise ConfigError(f"{path}: queueThreshold and queueSize must not be negative")
+    if allowance < 0:
+        raise ConfigError(f"{f.at('slotAllowance')}: must not be negative, got {allowance}")
     return SaturationConfig(
-        queue_threshold=queue, kv_cache_threshold=kv, queue_size=size, queue_timeout_s=timeout
+        queue_threshold=queue,
+        kv_cache_threshold=kv,
+        queue_size=size,
+        queue_timeout_s=timeout,
+        max_start_delay_s=delay,
+        slot_allowance=allowance,
+        fair_share_window_s=window,
     )
+
+
+def _duration_or_off(f: _Fields, name: str, default: float) -> float:
+    """A positive duration, or 0 for "0s" / "0ms" / 0 (the feature turned off)."""
+    raw = f.take(name, default)
+    if not isinstance(raw, bool) and raw in (0, "0s", "0ms"):
+        return 0.0
+    return parse_duration(raw, f.at(name))
 
 
 def _weights(data: Any, path: str) -> dict[str, float]:

@@ -24,6 +24,7 @@ from contract.errors import ApiError, InvalidRequest, NoReadyEndpoint, Overloade
 from picker.datastore import Datastore, Pool
 from picker.gateway_metrics import GatewayMetrics
 from picker.scheduling.admission import AdmissionQueue
+from picker.scheduling.flow import committed
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.saturation import pool_saturated
 from picker.scheduling.scheduler import NoCandidates, Scheduler
@@ -161,7 +162,7 @@ class Director:
             self._limit(decision, started)
         try:
             pool = decision.pool
-            if self.saturated(pool, started):
+            if self.admission[pool.name].blocked(decision.request, started):
                 if decision.request.sheddable:
                     self.metrics.shed(pool.name)
                     raise Overloaded(f"pool {pool.name} is saturated; request shed", retry_after=1)
@@ -253,9 +254,12 @@ class Director:
         )
 
     def saturated(self, pool: Pool, now: float) -> bool:
-        """Saturated, or others already wait: a newcomer must not overtake them."""
+        """Saturated, full (flow control), or others already wait (the admin API's view)."""
         queue = self.admission.get(pool.name)
-        return (queue is not None and len(queue) > 0) or pool_saturated(pool, now)
+        if (queue is not None and len(queue) > 0) or pool_saturated(pool, now):
+            return True
+        sched = self.schedulers.get(pool.name)
+        return sched is not None and committed(sched.state, now).saturation >= 1.0
 
     def explain(self, body: bytes, info: RequestInfo) -> dict:
         """What routing this body would do now; nothing dispatched, nothing counted."""

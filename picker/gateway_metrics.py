@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from picker.datastore import Datastore
+from picker.scheduling.flow import committed
 
 if TYPE_CHECKING:
     from picker.coordination import Coordinator
@@ -179,7 +180,7 @@ class _RoutingCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         queue = GaugeMetricFamily(
             f"{PREFIX}_admission_queue_length", "Requests waiting in the gateway's admission "
-            "queue for a saturated pool.", labels=["pool"],
+            "queue for room in the pool (saturated, or full by flow control).", labels=["pool"],
         )
         index = GaugeMetricFamily(
             f"{PREFIX}_prefix_index_blocks", "Prompt blocks held in the pool's prefix-affinity "
@@ -192,12 +193,31 @@ class _RoutingCollector(Collector):
             f"{PREFIX}_prefix_hit_blocks", "Prompt blocks the chosen pod was last sent "
             "(hit ratio = hit / query).", labels=["pool"],
         )
+        # What an autoscaler reads (picker.scheduling.flow): work committed to the pool
+        # beside the queue above; a saturation of 1 or more means new requests wait.
+        pool_table = (
+            ("pool_committed_requests", "requests", "Requests the gateway sent to the pool "
+             "that have not ended (all replicas' when coordinated)."),
+            ("pool_committed_prefill_tokens", "prefill_tokens", "Uncached prompt tokens sent "
+             "to the pool and not prefilled yet, as far as the gateway can tell."),
+            ("pool_saturation", "saturation", "Share of the pool's capacity in use: committed "
+             "prefill time over saturation.maxStartDelay, or the share of pods saturated by "
+             "their engine queue or KV cache, whichever is larger (1 or more: requests wait)."),
+        )
+        pool_gauges = []
+        for suffix, field_name, doc in pool_table:
+            family = GaugeMetricFamily(f"{PREFIX}_{suffix}", doc, labels=["pool"])
+            pool_gauges.append((field_name, family))
+        now = time.monotonic()
         for name, sched in self.director.schedulers.items():
             q = self.director.admission.get(name)
             queue.add_metric([name], float(len(q)) if q is not None else 0.0)
             index.add_metric([name], float(len(sched.state.prefix)))
             queried.add_metric([name], float(sched.state.prefix_query_blocks))
             hit.add_metric([name], float(sched.state.prefix_hit_blocks))
+            work = committed(sched.state, now)
+            for field_name, family in pool_gauges:
+                family.add_metric([name], getattr(work, field_name))
         scrapes = CounterMetricFamily(
             f"{PREFIX}_pod_scrapes", "Metrics scrapes of each pod, by outcome.",
             labels=["pool", "pod", "outcome"],
@@ -214,7 +234,9 @@ class _RoutingCollector(Collector):
             scrapes.add_metric([pool_name, name, "ok"], float(stats.ok))
             scrapes.add_metric([pool_name, name, "failed"], float(stats.failed))
             duration.add_metric([pool_name, name], stats.last_duration_s)
-        yield from (queue, index, queried, hit, scrapes, duration)
+        yield queue
+        yield from (family for _, family in pool_gauges)
+        yield from (index, queried, hit, scrapes, duration)
 
 
 class _CoordinationCollector(Collector):

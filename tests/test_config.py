@@ -114,12 +114,55 @@ def test_our_additions_and_durations():
         (lambda d: d["spec"].update(failureMode="maybe"), "spec.failureMode"),
         (lambda d: d.update(kind="Gateway"), "kind"),
         (lambda d: d["spec"]["schedulers"][0].pop("modelName"), "spec.schedulers[0].modelName"),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(saturation={"maxStartDelay": "-1s"}),
+            "spec.schedulers[0].saturation.maxStartDelay",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(saturation={"maxStartDelay": True}),
+            "spec.schedulers[0].saturation.maxStartDelay",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(saturation={"slotAllowance": -1}),
+            "spec.schedulers[0].saturation.slotAllowance",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(saturation={"slotAllowance": 1.5}),
+            "spec.schedulers[0].saturation.slotAllowance",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(saturation={"fairShareWindow": "-1s"}),
+            "spec.schedulers[0].saturation.fairShareWindow",
+        ),
+        (
+            lambda d: d["spec"]["schedulers"][0].update(saturation={"fairShareWindow": True}),
+            "spec.schedulers[0].saturation.fairShareWindow",
+        ),
     ],
 )
 def test_one_line_error_names_the_field(mutate, field):
     d = doc()
     mutate(d)
     assert field in error_of(d)
+
+
+def test_flow_control_bound_defaults_parses_and_turns_off():
+    assert parse_config(doc()).schedulers[0].saturation.max_start_delay_s == 2.0
+    for value, seconds in (("500ms", 0.5), (3, 3.0), ("0s", 0.0), (0, 0.0)):
+        d = doc()
+        d["spec"]["schedulers"][0]["saturation"] = {"maxStartDelay": value}
+        assert parse_config(d).schedulers[0].saturation.max_start_delay_s == seconds
+
+
+def test_slot_allowance_and_fair_share_window_default_parse_and_turn_off():
+    sat = parse_config(doc()).schedulers[0].saturation
+    assert (sat.slot_allowance, sat.fair_share_window_s) == (1, 5.0)
+    for allowance, window, seconds in ((0, "0s", 0.0), (3, "500ms", 0.5), (2, 10, 10.0)):
+        d = doc()
+        d["spec"]["schedulers"][0]["saturation"] = {
+            "slotAllowance": allowance, "fairShareWindow": window}
+        sat = parse_config(d).schedulers[0].saturation
+        assert (sat.slot_allowance, sat.fair_share_window_s) == (allowance, seconds)
 
 
 def test_duplicate_model_name():

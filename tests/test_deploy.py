@@ -14,6 +14,7 @@ No cluster and no helm binary here. Instead:
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,8 @@ def test_manifests_and_examples_are_valid_kubernetes_objects():
     for obj in objs:
         if obj["kind"] == "InferenceGatewayConfig":
             continue  # a custom resource: checked against the CRD in test_deploy_crd.py
+        if obj["kind"] == "ScaledObject":
+            continue  # KEDA's custom resource: checked structurally below
         validate_k8s(obj)
         kinds.add(obj["kind"])
     assert kinds >= {
@@ -572,3 +575,56 @@ def test_chart_mounts_the_tenant_keys_secret_and_names_it_in_the_config():
     assert "tenant-keys" not in {m["name"] for m in container(render())["volumeMounts"]}
     with pytest.raises(Exception, match=r"needs config\.spec\.tenants\.list"):
         render({"tenants": {"keysSecret": "igw-tenant-keys"}})
+
+
+# -- the KEDA example: a custom resource, checked structurally ---------------------------
+
+KEDA_TRIGGER_METADATA = {"serverAddress", "query", "threshold", "activationThreshold"}
+KEDA_METRIC_TYPES = {"Utilization", "AverageValue", "Value"}
+
+
+def test_keda_example_scales_the_model_deployment_on_defined_gateway_series():
+    """No KEDA here (its CRD is not installed): the ScaledObject's fields are checked
+    against KEDA's documented spec (keda.sh/docs, ScaledObject specification and the
+    Prometheus scaler), its HPA behaviour against Kubernetes' own HPA schema, and its
+    queries against the series picker/gateway_metrics.py defines."""
+    from tests.docker_env import METRICS_MODULE, defined_series, exposed
+
+    (scaled,) = load_all(EXAMPLES / "keda-scaledobject.yaml")
+    (deployment,) = load_all(EXAMPLES / "vllm-llama.yaml")
+    (config,) = load_all(EXAMPLES / "gateway-config.yaml")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["kind"] == "ScaledObject"
+    spec = scaled["spec"]
+    assert set(spec) <= {"scaleTargetRef", "minReplicaCount", "maxReplicaCount",
+                         "pollingInterval", "cooldownPeriod", "advanced", "triggers"}
+    assert spec["scaleTargetRef"] == {"name": deployment["metadata"]["name"]}
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": scaled["metadata"]["name"]},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                               "name": spec["scaleTargetRef"]["name"]},
+            "minReplicas": spec["minReplicaCount"],
+            "maxReplicas": spec["maxReplicaCount"],
+            "behavior": spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"],
+        },
+    }
+    validate_k8s(hpa)
+    pool = parse_config(config).schedulers[0].name
+    series = exposed(defined_series(METRICS_MODULE.read_text()))
+    used = set()
+    for trigger in spec["triggers"]:
+        assert trigger["type"] == "prometheus" and trigger["metricType"] in KEDA_METRIC_TYPES
+        meta = trigger["metadata"]
+        assert {"serverAddress", "query", "threshold"} <= set(meta) <= KEDA_TRIGGER_METADATA
+        assert all(isinstance(v, str) for v in meta.values())  # KEDA metadata is strings
+        assert float(meta["threshold"]) > 0
+        names = re.findall(r"\b(igw_[a-z_]+)\{pool=\"([^\"]+)\"\}", meta["query"])
+        assert names, meta["query"]
+        for name, label in names:
+            assert name in series, name
+            assert label == pool
+            used.add(name)
+    assert used == {"igw_pool_saturation", "igw_admission_queue_length"}

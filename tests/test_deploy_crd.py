@@ -186,6 +186,9 @@ ACCEPTED: dict[str, Callable[[], dict[str, Any]]] = {
                     "kvCacheThreshold": 1,
                     "queueSize": 0,
                     "queueTimeout": "1h",
+                    "maxStartDelay": "500ms",
+                    "slotAllowance": 0,
+                    "fairShareWindow": "2s",
                 },
             }
         ],
@@ -195,6 +198,8 @@ ACCEPTED: dict[str, Callable[[], dict[str, Any]]] = {
         maxFallbacks=0,
     ),
     "jwks file": lambda: with_spec(auth={"jwt": {"issuer": "i", "jwksFile": "/j.json"}}),
+    "flow control off": lambda: with_scheduler(saturation={"maxStartDelay": "0s"}),
+    "fair shares off": lambda: with_scheduler(saturation={"fairShareWindow": "0s"}),
     "two schedulers with bbr": two_schedulers,
     "empty tls and metadata extras": lambda: {
         **example(),
@@ -262,6 +267,9 @@ REJECTED: dict[str, Callable[[], dict[str, Any]]] = {
     "bad failure mode": lambda: with_spec(failureMode="maybe"),
     "too many fallbacks": lambda: with_spec(maxFallbacks=9),
     "kv threshold above 1": lambda: with_scheduler(saturation={"kvCacheThreshold": 1.5}),
+    "bad start delay": lambda: with_scheduler(saturation={"maxStartDelay": "soon"}),
+    "negative slot allowance": lambda: with_scheduler(saturation={"slotAllowance": -1}),
+    "bad fair share window": lambda: with_scheduler(saturation={"fairShareWindow": "soon"}),
     "upper-case name": lambda: with_scheduler(name="Llama"),
     "no schedulers": lambda: with_spec(schedulers=[]),
     "coordination without url": lambda: with_spec(coordination={"flushInterval": "5ms"}),

@@ -58,6 +58,7 @@ class Outcome:
     content_type: str = ""
     complete: bool = False  # the whole answer arrived (streams: `data: [DONE]`)
     body: bytes = b""
+    first: float = 0.0  # when the first bytes of the answer's body arrived (0: none)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +67,11 @@ class Outcome:
     @property
     def latency(self) -> float:
         return self.done - self.sent
+
+    @property
+    def ttft(self) -> float:
+        """Time to the answer's first body bytes: a stream's first token."""
+        return self.first - self.sent
 
 
 @dataclass
@@ -176,7 +182,12 @@ class Load:
                 out.pod = resp.headers.get("x-sim-pod", "")
                 out.retry_after = resp.headers.get("retry-after")
                 out.content_type = resp.headers.get("content-type", "")
-                data = await resp.read()
+                chunks = []
+                async for chunk in resp.content.iter_any():
+                    if not chunks:
+                        out.first = time.monotonic()
+                    chunks.append(chunk)
+                data = b"".join(chunks)
                 if self.keep_body or resp.status != 200:
                     out.body = data[:4096]
                 if resp.status == 200:

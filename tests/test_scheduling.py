@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from contract.config import MetricsConfig, SchedulerConfig
+from contract.config import MetricsConfig, SaturationConfig, SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling import NoCandidates, Scheduler, SchedulingRequest, build_profile
 from picker.scheduling.context import ScoringContext
@@ -304,10 +305,13 @@ def test_ties_broken_at_random_and_seeded():
 
 
 def test_burst_between_scrapes_spreads_instead_of_herding():
-    """N picks inside one scrape interval: the in-flight correction spreads them."""
+    """N picks inside one scrape interval: the in-flight correction spreads them
+    (scoring alone: flow control, which would spread them too, is off)."""
     pool = make_pool(8, waiting=[0, 1, 1, 1, 1, 1, 1, 1])  # pod 0 looks best to every scrape
+    no_flow = SaturationConfig(max_start_delay_s=0.0)
     for profile, expect_spread in (("llm-d", True), ("epp", False)):
-        pool.config = SchedulerConfig(name="p", model_name="m", endpoints=(), scheduler=profile)
+        pool.config = SchedulerConfig(name="p", model_name="m", endpoints=(), scheduler=profile,
+                                      saturation=no_flow)
         for row in range(8):
             pool.mark_scrape(row, True, NOW)
         sched = Scheduler(pool, max_fallbacks=0, rng=np.random.default_rng(1))
@@ -492,6 +496,8 @@ def test_vectorized_scores_equal_the_pure_python_twin(n):
     from bench.bench_scoring import _python_inputs, _python_score, build_pool
 
     pool, sched, request, now = build_pool(n, seed=n)
+    # the twin scores; it has no flow control (whose room filter would drop pods here)
+    pool.config = replace(pool.config, saturation=SaturationConfig(max_start_delay_s=0.0))
     pool.table.dispatched[: n // 2] = 1  # exercise the since-scrape path too
     sched.state.since_tokens[: n // 2] = 300
     sched.state.since_stamp[:n] = pool.table.scraped_at[:n]

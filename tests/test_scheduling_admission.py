@@ -189,7 +189,7 @@ async def test_heap_of_dead_entries_stays_bounded():
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    assert len(queue) == 0 and len(queue._heap) <= 32 + 50
+    assert len(queue) == 0 and queue._queue.heap_size <= 32 + 50
 
 
 async def test_close_fails_waiters_with_503():
@@ -207,3 +207,20 @@ async def test_default_timeout_comes_from_config():
     queue = AdmissionQueue(make_pool(timeout=0.05), saturated=Gate(True))
     with pytest.raises(QueueTimeout):
         await asyncio.wait_for(queue.acquire(req()), 1.0)
+
+
+async def test_next_grant_waits_until_the_granted_caller_resumes():
+    """Room is judged on dispatched work: a re-check between a grant and its dispatch
+    must not grant another on the same room."""
+    gate = Gate(True)
+    queue = AdmissionQueue(make_pool(), saturated=gate)
+    first = asyncio.create_task(queue.acquire(req(), 5.0))
+    second = asyncio.create_task(queue.acquire(req(), 5.0))
+    await asyncio.sleep(0)
+    gate.saturated = False
+    queue._release()  # grants `first`...
+    queue._release()  # ...and a re-check before `first` runs grants nobody
+    assert len(queue) == 1
+    await asyncio.wait_for(first, 0.5)  # `first` resumed (and would dispatch now)
+    queue._release()
+    await asyncio.wait_for(second, 0.5)

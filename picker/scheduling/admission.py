@@ -1,24 +1,34 @@
-"""Admission: hold requests in a bounded per-pool queue while every pod is saturated.
+"""Admission: hold requests in a bounded per-pool queue while the pool has no room.
 
-Sending more work to saturated engines only lengthens their queues (and, past
-the KV limit, makes them preempt), so the gateway holds requests itself, where
-it can order them: highest priority first, first come first served within a
-priority. Sheddable requests are refused at once with 429.
+Sending more work to busy engines only lengthens their queues (and, past the
+KV limit, makes them preempt), so the gateway holds requests itself, where it
+can order them (picker.scheduling.fair_queue): priority bands first, weighted
+fair shares between tenants within a band, first come first served within a
+tenant. Sheddable requests are refused at once with 429.
 
-Waiters are released one at a time while the pool is not saturated. Each
-release is re-checked when the released request is dispatched (the
-scheduler's dispatch/complete listener), so releases are clocked by the
-gateway's own in-flight accounting rather than by stale scrapes, and a
-periodic re-check (every 20 ms while anyone waits) catches what only a new
-scrape shows. Everything is bounded: the queue length (`queueSize`), each
-wait (`queueTimeout`), and dead entries left by cancelled waiters.
+A pool has no room for a request when every candidate pod is saturated by
+its engine signals (picker.scheduling.saturation) or no pod can take it
+within the flow-control bound on committed work (picker.scheduling.flow).
+Waiters are released one at a time while the next one has room, the next
+only once the previous one's caller has resumed to dispatch it. Each release
+is re-checked when the released request is dispatched (the scheduler's
+dispatch/complete listener), so releases are clocked by the gateway's own
+accounting rather than by stale scrapes, and a periodic re-check (every
+20 ms while anyone waits) catches what only a new scrape shows (a drained
+prefill backlog). Everything is bounded: the queue length (`queueSize`),
+each wait (`queueTimeout`), and dead entries left by cancelled waiters.
+
+A tenant holding its share of the pool's batch slots (picker.scheduling.shares)
+has no room even when a pod does: the release then skips its waiters and
+grants the next in fair order among the tenants within their shares, so a
+tenant over its share cannot block the queue's head. A newcomer that must
+queue behind others is judged at once (not at the next dispatch or tick):
+it may be the one with room.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +36,8 @@ from typing import TYPE_CHECKING
 
 from picker.datastore import Pool
 from picker.scheduling.errors import NoReadyEndpoint, Overloaded, QueueTimeout
+from picker.scheduling.fair_queue import Entry, FairQueue
+from picker.scheduling.flow import has_room, shared_slots, tenant_capped
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.saturation import pool_saturated
 
@@ -39,17 +51,17 @@ RETRY_AFTER_S = 1
 
 
 class _Waiter:
-    __slots__ = ("future", "granted", "priority", "removed")
+    __slots__ = ("entry", "future", "granted", "request")
 
-    def __init__(self, future: asyncio.Future[None], priority: int) -> None:
+    def __init__(self, future: asyncio.Future[None], request: SchedulingRequest) -> None:
         self.future = future
-        self.priority = priority
+        self.request = request
         self.granted = False
-        self.removed = False
+        self.entry: Entry[_Waiter] | None = None
 
 
 class AdmissionQueue:
-    """Bounded priority queue of requests waiting for a pool to have room."""
+    """Bounded, fairly ordered queue of requests waiting for a pool to have room."""
 
     def __init__(
         self,
@@ -59,13 +71,15 @@ class AdmissionQueue:
         clock: Callable[[], float] = time.monotonic,
         saturated: Callable[[float], bool] | None = None,
     ) -> None:
+        """`saturated` (tests) replaces the whole room test with a switch over time."""
         self.pool = pool
         self._scheduler = scheduler
         self._clock = clock
-        self._saturated = saturated or (lambda now: pool_saturated(self.pool, now))
-        self._heap: list[tuple[int, int, _Waiter]] = []
-        self._seq = itertools.count()
-        self._live = 0
+        self._saturated = saturated
+        self._queue: FairQueue[_Waiter] = FairQueue()
+        # The waiter granted a turn whose caller has not resumed (and so not dispatched)
+        # yet: no other is granted meanwhile, since room is judged on dispatched work.
+        self._granted: _Waiter | None = None
         self._scheduled = False
         self._closed = False
         self._ticker: asyncio.Task[None] | None = None
@@ -74,34 +88,49 @@ class AdmissionQueue:
 
     def __len__(self) -> int:
         """Requests waiting now."""
-        return self._live
+        return len(self._queue)
+
+    def blocked(self, req: SchedulingRequest, now: float) -> bool:
+        """`req` must wait: others already wait (a newcomer must not overtake them),
+        or the pool has no room for it. Counts `req`'s tenant as active (shares)."""
+        if self._scheduler is not None:
+            self._scheduler.state.shares.seen(
+                req.tenant, req.tenant_weight, now,
+                self.pool.config.saturation.fair_share_window_s)
+        return len(self._queue) > 0 or not self._room(req, now)
+
+    def _room(self, req: SchedulingRequest, now: float) -> bool:
+        if self._saturated is not None:
+            return not self._saturated(now)
+        if pool_saturated(self.pool, now):
+            return False
+        return self._scheduler is None or has_room(self._scheduler.state, req, now)
 
     async def acquire(self, req: SchedulingRequest, timeout: float | None = None) -> None:
         """Return when `req` may be picked; raise Overloaded (429) or QueueTimeout (503).
 
-        Returns at once when nobody waits and the pool is not saturated.
+        Returns at once when nobody waits and the pool has room for it.
         `timeout` defaults to the pool's `saturation.queueTimeout`. Cancelling
         the caller (client gone) removes the waiter, or hands its turn on.
         """
         if self._closed:
             raise NoReadyEndpoint(f"pool {self.pool.name} was removed", retry_after=RETRY_AFTER_S)
-        if not self._live and not self._saturated(self._clock()):
+        if not self.blocked(req, self._clock()):
             return
         cfg = self.pool.config.saturation
         if req.sheddable:
             raise Overloaded(
                 f"pool {self.pool.name} is saturated; request shed", retry_after=RETRY_AFTER_S
             )
-        if self._live >= cfg.queue_size:
-            raise Overloaded(
-                f"pool {self.pool.name} is saturated and its queue is full",
-                retry_after=RETRY_AFTER_S,
-            )
+        if len(self._queue) >= cfg.queue_size:
+            self._make_room(req)
         waiter = self._enqueue(req)
+        self.notify()
         wait_s = cfg.queue_timeout_s if timeout is None else timeout
         try:
             async with asyncio.timeout(wait_s):
                 await waiter.future
+            self._resumed(waiter)
         except TimeoutError:
             self._withdraw(waiter)
             raise QueueTimeout(
@@ -113,7 +142,7 @@ class AdmissionQueue:
 
     def notify(self) -> None:
         """Something changed (a dispatch, a completion): re-check soon. Cheap, idempotent."""
-        if not self._live or self._scheduled:
+        if not len(self._queue) or self._scheduled:
             return
         try:
             loop = asyncio.get_running_loop()
@@ -128,13 +157,12 @@ class AdmissionQueue:
         self._closed = True
         if self._scheduler is not None:
             self._scheduler.remove_listener(self.notify)
-        for _, _, waiter in self._heap:
-            if not waiter.removed and not waiter.future.done():
+        for waiter in self._queue.items():
+            if not waiter.future.done():
                 waiter.future.set_exception(
                     NoReadyEndpoint(f"pool {self.pool.name} was removed", retry_after=1)
                 )
-        self._heap.clear()
-        self._live = 0
+        self._queue.clear()
         if self._ticker is not None:
             self._ticker.cancel()
 
@@ -142,49 +170,71 @@ class AdmissionQueue:
 
     def _enqueue(self, req: SchedulingRequest) -> _Waiter:
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), req.priority)
-        heapq.heappush(self._heap, (-req.priority, next(self._seq), waiter))
-        self._live += 1
+        waiter = _Waiter(loop.create_future(), req)
+        waiter.entry = self._queue.push(
+            waiter, req.priority, req.tenant, req.tenant_weight, float(req.prompt_tokens)
+        )
         if self._ticker is None or self._ticker.done():
             self._ticker = loop.create_task(self._recheck())
         log.debug(
-            "admission queued pool=%s priority=%d waiting=%d",
-            self.pool.name, req.priority, self._live,
+            "admission queued pool=%s priority=%d tenant=%s waiting=%d",
+            self.pool.name, req.priority, req.tenant, len(self._queue),
         )
         return waiter
+
+    def _make_room(self, req: SchedulingRequest) -> None:
+        """The queue is full: refuse `req` (429), or refuse in its place the waiter that
+        has the least claim to its place (fair_queue.FairQueue.displace)."""
+        full = Overloaded(
+            f"pool {self.pool.name} is saturated and its queue is full",
+            retry_after=RETRY_AFTER_S,
+        )
+        victim = self._queue.displace(
+            req.priority, req.tenant, req.tenant_weight, float(req.prompt_tokens)
+        ) if self.pool.config.saturation.queue_size > 0 else None
+        if victim is None:
+            raise full
+        if not victim.future.done():
+            victim.future.set_exception(full)
+
+    def _resumed(self, waiter: _Waiter) -> None:
+        """`waiter`'s caller runs again: it dispatches now, so the next may be judged."""
+        if self._granted is waiter:
+            self._granted = None
 
     def _withdraw(self, waiter: _Waiter) -> None:
         """The waiter leaves (timeout, cancel): drop it, or pass on a turn it was given."""
         if waiter.granted:
+            self._resumed(waiter)
             self.notify()
             return
-        if not waiter.removed:
-            waiter.removed = True
-            self._live -= 1
-            self._compact()
-
-    def _compact(self) -> None:
-        """Bound the dead entries cancelled waiters leave in the heap."""
-        if len(self._heap) > 2 * self._live + 32:
-            self._heap = [e for e in self._heap if not e[2].removed]
-            heapq.heapify(self._heap)
+        if waiter.entry is not None:
+            self._queue.remove(waiter.entry)
 
     def _release(self) -> None:
-        """Grant the best waiter if the pool has room (one per call; see module doc)."""
+        """Grant the next waiter if the pool has room for it (one per call; see module doc)."""
         self._scheduled = False
-        heap = self._heap
-        while heap and heap[0][2].removed:
-            heapq.heappop(heap)
-        if not heap or self._saturated(self._clock()):
+        if self._granted is not None:
+            return  # its dispatch (a listener call) or its withdrawal calls again
+        head = self._queue.peek()
+        if head is None:
             return
-        _, _, waiter = heapq.heappop(heap)
-        self._live -= 1
+        now = self._clock()
+        state = self._scheduler.state if self._scheduler is not None else None
+        slots = shared_slots(state, now) if state is not None else 0.0
+        if state is not None and tenant_capped(state, head.tenant, now, slots):
+            capped = {t for t in self._queue.tenants() if tenant_capped(state, t, now, slots)}
+            head = self._queue.peek_excluding(capped)
+        if head is None or not self._room(head.item.request, now):
+            return
+        waiter = self._queue.take(head)
         waiter.granted = True
+        self._granted = waiter
         if not waiter.future.done():
             waiter.future.set_result(None)
 
     async def _recheck(self) -> None:
-        """While anyone waits, re-check saturation periodically (scrapes change it too)."""
-        while self._live > 0 and not self._closed:
+        """While anyone waits, re-check room periodically (scrapes change it too)."""
+        while len(self._queue) > 0 and not self._closed:
             await asyncio.sleep(RECHECK_INTERVAL_S)
             self._release()

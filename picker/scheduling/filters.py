@@ -14,6 +14,7 @@ import numpy as np
 
 from picker.datastore import Pool
 from picker.scheduling.context import ScoringContext
+from picker.scheduling.flow import free_slots, pod_room
 from picker.scheduling.plugins import FILTERS, PodFilter
 
 # How long an adapter the gateway sent to a pod is assumed to stay resident there.
@@ -123,3 +124,31 @@ def _recently_sent(ctx: ScoringContext, slot: int, max_lora: np.ndarray) -> np.n
     mine = sent[:, slot]
     newer = np.count_nonzero(sent > mine[:, None], axis=1)
     return (mine > ctx.now - ADAPTER_MEMORY_S) & (mine > 0) & (newer < np.maximum(max_lora, 1))
+
+
+@FILTERS.register
+class FlowRoom:
+    """Pods that can take the request within `saturation.maxStartDelay`
+    (picker.scheduling.flow).
+
+    Admission released the request because some pod has room; this sends it
+    to one of those, and while tenants share the pool's batch slots to one
+    with a slot free if there is one (a tenant within its share starts at
+    once, not behind another's requests in an engine's queue). If none of the
+    candidates the earlier filters left has room (LoRA narrowed them), all
+    are kept: a filter never fails a request.
+    """
+
+    name: ClassVar[str] = "flow-room"
+    reason: ClassVar[str] = "no-room"
+    degrade_when_empty: ClassVar[bool] = False
+
+    def keep(self, ctx: ScoringContext) -> np.ndarray:
+        room = pod_room(ctx.state, ctx.req, ctx.now, ctx.index)
+        if not room.any():
+            return np.ones(len(ctx.rows), dtype=bool)
+        free = free_slots(ctx.state, ctx.req, ctx.now, ctx.index)
+        if free is None:
+            return room
+        free &= room
+        return free if free.any() else room

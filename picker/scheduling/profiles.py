@@ -27,9 +27,13 @@ from picker.scheduling.plugins import FILTERS, PICKERS, SCORERS, Filter, Picker,
 
 DEFAULT_PROFILE = "llm-d"
 
-BASE_FILTERS: tuple[str, ...] = ("ready", "not-draining", "fresh-metrics")
-# The reference picker's: no lora-home (ours, docs/benchmarks.md "Kept: lora-home").
-EPP_FILTERS: tuple[str, ...] = (*BASE_FILTERS, "lora")
+_SERVING: tuple[str, ...] = ("ready", "not-draining", "fresh-metrics")
+# flow-room: it sends a request admission released to a pod with room
+# (picker.scheduling.flow), among the pods the filters before it kept; lora-home
+# (ours) then keeps an adapter's homes among those (docs/benchmarks.md "Kept: lora-home").
+BASE_FILTERS: tuple[str, ...] = (*_SERVING, "flow-room")
+# The reference picker's: no lora-home.
+EPP_FILTERS: tuple[str, ...] = (*_SERVING, "lora", "flow-room")
 SCORING_FILTERS: tuple[str, ...] = (*EPP_FILTERS, "lora-home")
 
 

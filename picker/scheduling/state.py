@@ -18,6 +18,7 @@ import numpy as np
 from picker.datastore import MAX_ADAPTERS, SPEED_STALE_S, Pool
 from picker.scheduling.prefix_index import DEFAULT_BLOCKS_PER_POD, PrefixIndex
 from picker.scheduling.request import SchedulingRequest
+from picker.scheduling.shares import TenantShares
 
 POD_EWMA_ALPHA = 0.2
 POOL_EWMA_ALPHA = 0.05
@@ -73,6 +74,10 @@ class PoolState:
         # used adapters resident, but vLLM's metrics only show adapters of *running*
         # requests, so an idle resident adapter is visible only from here.
         self.adapter_sent = np.zeros((0, MAX_ADAPTERS))
+        # Each row's learned batch slots (concurrent requests the engine runs), 0 while
+        # unknown: see `slot_limits`. And this replica's requests per tenant (fair shares).
+        self.slots = np.zeros(0)
+        self.shares = TenantShares()
         self._speed_at = -math.inf
         self._speed_version = -1
         self._speed: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
@@ -136,6 +141,7 @@ class PoolState:
         t.dispatched[row] += 1.0
         if not remote:
             t.picks[row] += 1.0
+            self.shares.dispatched(req.tenant)
         t.outstanding_prefill[row] += prompt
         t.outstanding_decode[row] += output
         t.last_picked_at[row] = now
@@ -186,6 +192,8 @@ class PoolState:
         self.sync()
         t = self.pool.table
         t.inflight[row] = max(0.0, t.inflight[row] - 1.0)
+        if not remote:
+            self.shares.completed(req.tenant)
         if now is not None and t.scraped_at[row] < now - duration_s:
             t.dispatched[row] = max(0.0, t.dispatched[row] - 1.0)
             if self.since_stamp[row] == t.scraped_at[row]:
@@ -199,6 +207,25 @@ class PoolState:
             self.spt[row] = _ewma(self.spt[row], sample_s / tokens, POD_EWMA_ALPHA)
 
     # -- derived signals ------------------------------------------------------------
+
+    def slot_limits(self, index: slice | np.ndarray) -> np.ndarray:
+        """Learned batch slots of rows `index` (0: unknown), updated from their scrapes.
+
+        No engine exports its slot limit, but while requests wait (`waiting` >= 1)
+        with KV cache to spare (below `kvCacheThreshold`: the wait is not for memory)
+        the engine runs as many as it may, so `running` is the limit. A transient
+        (a request caught between arrival and the next engine step) can make that
+        low; once a limit is known any higher `running` raises it, and flow control
+        lets `slotAllowance` more in, so an underestimate climbs back to the truth.
+        """
+        t = self.pool.table
+        known = self.slots[index]
+        running = t.running[index]
+        limited = (t.waiting[index] >= 1.0) & (
+            t.kv_usage[index] < self.pool.config.saturation.kv_cache_threshold)
+        learned = np.where(limited | (known > 0), np.maximum(known, running), known)
+        self.slots[index] = learned
+        return learned
 
     def since_scrape_tokens(
         self, index: slice | np.ndarray, dispatched: np.ndarray
@@ -329,7 +356,7 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 _ROW_ARRAYS = (
-    "since_tokens", "since_stamp", "spt",
+    "since_tokens", "since_stamp", "spt", "slots",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
 )
 
