@@ -43,8 +43,10 @@ ROWS = np.arange(2)
 
 
 def scrape(pool, row: int, running: float, waiting: float, kv: float = 0.1) -> None:
+    """A new scrape of `row` (a later `scraped_at`) showing these figures."""
     t = pool.table
     t.running[row], t.waiting[row], t.kv_usage[row] = running, waiting, kv
+    t.scraped_at[row] += 0.05
 
 
 def slotted(slots: int = 4, window: float = 5.0, allowance: int = 1):
@@ -53,8 +55,10 @@ def slotted(slots: int = 4, window: float = 5.0, allowance: int = 1):
     pool.config = replace(pool.config, saturation=replace(
         pool.config.saturation, fair_share_window_s=window, slot_allowance=allowance))
     sched = Scheduler(pool)
-    for row in (0, 1):
-        scrape(pool, row, slots, 2)
+    for _ in range(2):  # two scrapes in a row show the queue
+        for row in (0, 1):
+            scrape(pool, row, slots, 2)
+        sched.state.slot_limits(ROWS)
     assert sched.state.slot_limits(ROWS).tolist() == [slots, slots]
     return pool, sched
 
@@ -62,22 +66,26 @@ def slotted(slots: int = 4, window: float = 5.0, allowance: int = 1):
 # -- learning the slots ----------------------------------------------------------------------
 
 
-def test_slots_are_learned_from_a_queue_with_kv_to_spare_only():
+def test_slots_are_learned_from_a_steady_queue_with_kv_to_spare_only():
     pool = make_pool(2)
     sched = Scheduler(pool)
     state = sched.state
-    scrape(pool, 0, 3, 0)  # no queue: the limit is not reached, nothing learned
-    scrape(pool, 1, 2, 5, kv=0.95)  # a queue for memory, not for slots
-    assert state.slot_limits(ROWS).tolist() == [0, 0]
+
+    def both(r0, w0, r1, w1, kv1=0.1):
+        scrape(pool, 0, r0, w0)
+        scrape(pool, 1, r1, w1, kv=kv1)
+        return state.slot_limits(ROWS).tolist()
+
+    assert both(3, 0, 2, 5, kv1=0.95) == [0, 0]  # no queue; a queue for memory
+    assert both(3, 0, 2, 5, kv1=0.95) == [0, 0]
+    assert both(2, 3, 0, 0) == [0, 0]  # a burst: arrivals wait a step...
+    assert both(5, 2, 0, 0) == [0, 0]  # ...while running climbs: not a limit yet
+    assert state.slot_limits(ROWS).tolist() == [0, 0]  # the same scrape again: no news
+    assert both(5, 1, 0, 0) == [5, 0]  # two scrapes in a row, a queue, same running
     assert pool_slots(state, ROWS) == 0.0  # any unknown: the pool's slots are unknown
-    scrape(pool, 0, 3, 1)  # maybe a request caught before the engine's next step
-    assert state.slot_limits(ROWS).tolist() == [3, 0]
-    scrape(pool, 0, 4, 0)  # once known, any higher running raises it
-    scrape(pool, 1, 8, 1, kv=0.5)
-    assert state.slot_limits(ROWS).tolist() == [4, 8]
-    scrape(pool, 0, 1, 0)  # and a quiet scrape never lowers it
-    assert state.slot_limits(ROWS).tolist() == [4, 8]
-    assert pool_slots(state, ROWS) == 12.0
+    assert both(6, 0, 8, 1) == [6, 0]  # once known, any higher running raises it
+    assert both(1, 0, 8, 2) == [6, 8]  # a quiet scrape never lowers it
+    assert pool_slots(state, ROWS) == 14.0
 
 
 def test_the_pool_takes_its_slots_plus_the_allowance_and_unknown_slots_change_nothing():

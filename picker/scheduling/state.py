@@ -77,6 +77,10 @@ class PoolState:
         # Each row's learned batch slots (concurrent requests the engine runs), 0 while
         # unknown: see `slot_limits`. And this replica's requests per tenant (fair shares).
         self.slots = np.zeros(0)
+        # The last scrape `slot_limits` looked at per row, and its `running` if it
+        # showed a queue with KV to spare (else -1): two such in a row teach the slots.
+        self.slot_stamp = np.zeros(0)
+        self.slot_running = np.zeros(0)
         self.shares = TenantShares()
         self._speed_at = -math.inf
         self._speed_version = -1
@@ -134,6 +138,7 @@ class PoolState:
         columns count it, except `picks`, which says what this replica chose.
         """
         self.sync()
+        self.slot_limits(slice(row, row + 1))  # a scrape's queue is read while it lasts
         t = self.pool.table
         prompt = float(max(req.prompt_tokens, 0))
         output = float(max(req.max_tokens, 0))
@@ -190,6 +195,7 @@ class PoolState:
         SGLang fleet at 90 % load, +24 % TTFT p95 at N = 4 in the twin).
         """
         self.sync()
+        self.slot_limits(slice(row, row + 1))  # a scrape's queue is read while it lasts
         t = self.pool.table
         t.inflight[row] = max(0.0, t.inflight[row] - 1.0)
         if not remote:
@@ -213,18 +219,28 @@ class PoolState:
 
         No engine exports its slot limit, but while requests wait (`waiting` >= 1)
         with KV cache to spare (below `kvCacheThreshold`: the wait is not for memory)
-        the engine runs as many as it may, so `running` is the limit. A transient
-        (a request caught between arrival and the next engine step) can make that
-        low; once a limit is known any higher `running` raises it, and flow control
-        lets `slotAllowance` more in, so an underestimate climbs back to the truth.
+        the engine runs as many as it may, so `running` is the limit. Not from one
+        scrape: arrivals wait for the engine's next step with slots free, so in a
+        burst `running` climbs step by step under a queue (seen on the simulator: 2
+        running and 1 waiting, one scrape before the pod's 4 slots were full). So a
+        limit is learned when two successive scrapes both show a queue with the same
+        `running` (read on each dispatch and completion on the pod and every room
+        check, so a queue that lasts two scrapes is seen). Once known, any higher
+        `running` raises it, never lower; flow control lets `slotAllowance` per pod
+        more in, so an underestimate climbs back to the truth.
         """
         t = self.pool.table
         known = self.slots[index]
         running = t.running[index]
         limited = (t.waiting[index] >= 1.0) & (
             t.kv_usage[index] < self.pool.config.saturation.kv_cache_threshold)
-        learned = np.where(limited | (known > 0), np.maximum(known, running), known)
+        fresh = t.scraped_at[index] != self.slot_stamp[index]
+        steady = fresh & limited & (self.slot_running[index] == running)
+        learned = np.where(steady | (known > 0), np.maximum(known, running), known)
         self.slots[index] = learned
+        self.slot_running[index] = np.where(
+            fresh, np.where(limited, running, -1.0), self.slot_running[index])
+        self.slot_stamp[index] = t.scraped_at[index]
         return learned
 
     def since_scrape_tokens(
@@ -356,7 +372,7 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 _ROW_ARRAYS = (
-    "since_tokens", "since_stamp", "spt", "slots",
+    "since_tokens", "since_stamp", "spt", "slots", "slot_stamp", "slot_running",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
 )
 
