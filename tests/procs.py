@@ -124,3 +124,12 @@ def gateway(
         yield Gateway(child.proc, url, state, path, config, ports)
     finally:
         child.stop(timeout=40)
+
+
+def mint_key(keys_file: Path, tenant: str) -> str:
+    """A new API key for `tenant`, its hash line added to `keys_file`, through the real
+    `igw tenants add-key` (the key is printed once)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "igw.cli", "tenants", "add-key", tenant, "--keys-file",
+         str(keys_file)], capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()

@@ -15,14 +15,11 @@ batch slots (picker.scheduling.state.PoolState.slot_limits).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
 
-from tests.procs import gateway, gateway_config, sim_fleet
+from tests.procs import gateway, gateway_config, mint_key, sim_fleet
 from tests.test_reliability_support import Figures, Load, LoadResult, chat_body
 
 MODEL = "llama-3.1-8b"
@@ -36,18 +33,11 @@ NOISY_SHARE_MULTIPLE = 10
 DURATION_S = 20.0
 
 
-def _mint(keys_file: Path, tenant: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "igw.cli", "tenants", "add-key", tenant, "--keys-file",
-         str(keys_file)], capture_output=True, text=True, timeout=60, check=True)
-    return done.stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fairness")
     keys_file = tmp / "keys"
-    keys = {name: _mint(keys_file, name) for name in ("quiet", "noisy")}
+    keys = {name: mint_key(keys_file, name) for name in ("quiet", "noisy")}
     with sim_fleet(tmp, PODS, time_scale=1.0) as fleet:
         config = gateway_config(
             [{"name": "pool", "modelName": MODEL, "endpoints": fleet.addresses(),

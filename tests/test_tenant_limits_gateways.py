@@ -12,15 +12,12 @@ and headers; the sum of the 200s over both gateways is the limit within ±5 %.
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.procs import gateway, gateway_config, sim_fleet
+from tests.procs import gateway, gateway_config, mint_key, sim_fleet
 from tests.test_coordination_support import redis_server
 from tests.test_reliability_support import Figures, Load, picker_metrics, wait_for
 
@@ -30,12 +27,6 @@ LIMIT = 120  # requests per minute, for the sum of both gateways
 RATE = 15.0  # requests/s per gateway: 1,200 offered over the run, 10x the limit
 DURATION = 40.0
 WINDOW_S = 60.0
-
-
-def _key(keys_file: Path, tenant: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "igw.cli", "tenants", "add-key", tenant, "--keys-file",
-         str(keys_file)], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
 
 
 def _body(i: int) -> bytes:
@@ -53,7 +44,7 @@ def _wait_for_window(needed_s: float) -> None:
 @pytest.mark.slow
 def test_two_gateways_under_load_admit_the_limit_within_5_percent(tmp_path):
     keys_file = tmp_path / "keys"
-    key = _key(keys_file, "team-a")
+    key = mint_key(keys_file, "team-a")
     with contextlib.ExitStack() as stack:
         redis = stack.enter_context(redis_server())
         fleet = stack.enter_context(sim_fleet(tmp_path, PODS, time_scale=20.0))

@@ -11,26 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
 from tests.header_pod import header_pod
-from tests.procs import gateway, gateway_config
+from tests.procs import gateway, gateway_config, mint_key
 from tests.test_coordination_support import redis_server
 from tests.test_reliability_support import Figures, picker_metrics, wait_for
 
 MODEL = "echo-model"
 LIMIT = 10
-
-
-def _key(keys_file: Path, tenant: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "igw.cli", "tenants", "add-key", tenant, "--keys-file",
-         str(keys_file)], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
 
 
 def _post(gw, key: str) -> httpx.Response:
@@ -44,7 +36,7 @@ def _post(gw, key: str) -> httpx.Response:
 @contextlib.contextmanager
 def two_gateways(tmp: Path, failure_mode: str):
     keys_file = tmp / "keys"
-    key = _key(keys_file, "team-a")
+    key = mint_key(keys_file, "team-a")
     with contextlib.ExitStack() as stack:
         redis = stack.enter_context(redis_server())
         pod = stack.enter_context(header_pod())

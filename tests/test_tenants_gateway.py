@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from tests.docker_env import METRICS_MODULE, defined_series, exposed
 from tests.header_pod import header_pod
 from tests.jwt_keys import es256_token, jwks
-from tests.procs import gateway, gateway_config, sim_fleet
+from tests.procs import gateway, gateway_config, mint_key, sim_fleet
 from tests.test_reliability_reload import write_config
 from tests.test_reliability_support import Figures, picker_metrics
 
@@ -46,18 +46,11 @@ TENANTS = [
 ]
 
 
-def add_key(keys_file, tenant: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "igw.cli", "tenants", "add-key", tenant, "--keys-file",
-         str(keys_file)], capture_output=True, text=True, timeout=60, check=True)
-    return done.stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tenants")
     keys_file = tmp / "keys"
-    keys = {t["name"]: add_key(keys_file, t["name"]) for t in TENANTS}
+    keys = {t["name"]: mint_key(keys_file, t["name"]) for t in TENANTS}
     pods = [{"name": "llama-0", "gpu": "h100", "model": LLAMA, "engine": "vllm"}]
     with sim_fleet(tmp, pods, time_scale=20.0) as fleet, header_pod() as pod:
         config = gateway_config(
@@ -256,7 +249,7 @@ def test_absurd_max_tokens_is_a_400_not_a_reservation(stack, http):
 def test_keys_file_reload_adds_and_removes_a_key(stack, http):
     _, _, _, keys_file = stack
     fig = Figures("tenant_keys_reload")
-    key = add_key(keys_file, "team-a")
+    key = mint_key(keys_file, "team-a")
     added = time.monotonic()
     key_id = key.split("_")[1]
     response = post_until(http, 200, key, 10)
@@ -327,7 +320,7 @@ def test_jwt_claim_names_the_tenant_and_a_forged_header_does_not(tmp_path):
 def test_a_tenant_added_by_config_reload_is_served_and_limited(stack, http):
     """Runs last in the module: it changes the shared gateway's config."""
     gw, _, _, keys_file = stack
-    key = add_key(keys_file, "team-new")  # a key whose tenant is not configured yet
+    key = mint_key(keys_file, "team-new")  # a key whose tenant is not configured yet
     assert_401(post_until(http, 200, key, 2))
     doc = yaml.safe_load(gw.config_path.read_text())
     doc["spec"]["tenants"]["list"].append(
