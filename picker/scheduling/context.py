@@ -21,7 +21,7 @@ class ScoringContext:
 
     __slots__ = (
         "_cols", "_hashes", "_matched", "index", "latency", "now", "pool", "req", "rows", "state",
-        "table",
+        "table", "ttft",
     )
 
     def __init__(
@@ -45,6 +45,10 @@ class ScoringContext:
         # min(ttft) / ttft per candidate once predictedLatency has computed it
         # (scorers gated by it reuse it instead of recomputing the model)
         self.latency: np.ndarray | None = None
+        # (batch capacity, predicted TTFT per candidate) once computed: a row's TTFT does
+        # not depend on the other candidates, so narrowing keeps it (lora-home computes it
+        # before the scorers do)
+        self.ttft: tuple[float, np.ndarray] | None = None
 
     def narrow(self, keep: np.ndarray) -> None:
         """Keep only the candidates where `keep` is true (filters call this)."""
@@ -53,6 +57,8 @@ class ScoringContext:
         self._cols.clear()
         self._matched = None
         self.latency = None
+        if self.ttft is not None:
+            self.ttft = (self.ttft[0], self.ttft[1][keep])
 
     def col(self, name: str) -> np.ndarray:
         """Datastore column `name` for the candidate rows (gathered once, read-only)."""

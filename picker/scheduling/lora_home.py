@@ -29,7 +29,7 @@ import numpy as np
 from picker.scheduling.context import ScoringContext
 from picker.scheduling.filters import lora_state
 from picker.scheduling.plugins import FILTERS
-from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, predicted_ttft
+from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, cached_ttft
 
 # How much longer a request may expect to wait for its first token at a pod holding its
 # adapter than at the fastest candidate (seconds): about one A10G prefill of a median
@@ -52,7 +52,7 @@ class LoraHome:
         home = resident | waiting
         if home.all() or not home.any():
             return np.ones(n, dtype=bool)
-        ttft = predicted_ttft(ctx, DEFAULT_BATCH_CAPACITY)
+        ttft = cached_ttft(ctx, DEFAULT_BATCH_CAPACITY)
         if ttft[home].min() <= ttft.min() + HOME_SLACK_S:
             return home
         return np.ones(n, dtype=bool)

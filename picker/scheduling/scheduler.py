@@ -24,7 +24,7 @@ from picker.scheduling.plugins import PodFilter
 from picker.scheduling.prefix_index import DEFAULT_BLOCKS_PER_POD
 from picker.scheduling.profiles import Profile, build_profile, profile_for
 from picker.scheduling.request import SchedulingRequest
-from picker.scheduling.scorers.latency import PredictedLatency, predicted_ttft
+from picker.scheduling.scorers.latency import PredictedLatency, cached_ttft
 from picker.scheduling.state import PoolState
 
 __all__ = ["NoCandidates", "Pick", "Scheduler"]
@@ -307,7 +307,7 @@ class Scheduler:
     def _explain_ttft(ctx: ScoringContext, profile: Profile) -> np.ndarray | None:
         for scorer, _ in profile.scorers:
             if isinstance(scorer, PredictedLatency) and len(ctx.rows):
-                return predicted_ttft(ctx, scorer.batch_capacity)
+                return cached_ttft(ctx, scorer.batch_capacity)
         return None
 
     def _explain_picked(

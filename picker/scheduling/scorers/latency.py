@@ -63,7 +63,7 @@ def latency_score(
     """min(ttft) / ttft per candidate: predictedLatency's score, computed once per
     request whichever of it and the gated tie-breakers asks first."""
     if ctx.latency is None:
-        ttft = predicted_ttft(ctx, batch_capacity)
+        ttft = cached_ttft(ctx, batch_capacity)
         ctx.latency = ttft.min() / ttft
     return ctx.latency
 
@@ -76,6 +76,14 @@ def near_best(ctx: ScoringContext) -> np.ndarray:
     difference into a full point, which must not outvote a real TTFT gap.
     """
     return latency_score(ctx) >= 1.0 / (1.0 + NEAR_BEST)
+
+
+def cached_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
+    """`predicted_ttft`, computed once per request and capacity (filters and scorers share it)."""
+    cached = ctx.ttft
+    if cached is None or cached[0] != batch_capacity:
+        cached = ctx.ttft = (batch_capacity, predicted_ttft(ctx, batch_capacity))
+    return cached[1]
 
 
 def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
