@@ -27,6 +27,12 @@ CRITICALITY = "x-gateway-criticality"
 # Dynamic metadata namespace the picker answers in (keys: the routing header names);
 # Envoy's routes and override_host policy read it.
 LB_METADATA_NAMESPACE = "envoy.lb"
+# Where Envoy's response-side Lua filter leaves a response's measured output tokens
+# (a number) and whether they came from the response's own `usage` (a bool, else
+# counted from stream events); Envoy's access log carries both to the picker.
+USAGE_METADATA_NAMESPACE = "igw.usage"
+OUTPUT_TOKENS_KEY = "output_tokens"
+USAGE_EXACT_KEY = "exact"
 
 # What the picker reads from the request headers, as Envoy attribute expressions
 # (ext_proc `request_attributes`), each with the picker's field it fills. When a

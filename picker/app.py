@@ -25,6 +25,7 @@ from prometheus_client.core import Metric
 from contract.config import GatewayConfig
 from igw_envoy.eds import write_endpoints
 from igw_envoy.xds import write_dynamic
+from picker.access_log import ACCESS_LOG_PATH, AccessLogStream
 from picker.admin import AdminService
 from picker.coordination import Coordinator
 from picker.coordination.bus import BusError, read_password, redis_client
@@ -34,11 +35,12 @@ from picker.director import Director
 from picker.discovery.static import StaticResolver
 from picker.envoy_admin import EnvoyAdmin
 from picker.gateway_metrics import GatewayMetrics, process_families
-from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HealthCheck
+from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HandlerFactory, HealthCheck
 from picker.handlers import ExtProcHandler
 from picker.outliers import OutlierFollower
 from picker.reload import ConfigReloader, load_initial
 from picker.tenants.limits import Limiter
+from picker.tenants.usage import UsageLedger
 from proto import admin_pb2_grpc
 
 log = logging.getLogger("picker.app")
@@ -74,7 +76,11 @@ class PickerApp:
             Limiter(failure_mode=config.tenants.failure_mode)
             if config.tenants is not None else None
         )
-        self.director = Director(self.datastore, self.metrics, limiter=self.limiter)
+        # Output tokens per tenant request, from Envoy's access log (spec.tenants).
+        self.ledger = UsageLedger(self.limiter) if config.tenants is not None else None
+        self.director = Director(
+            self.datastore, self.metrics, limiter=self.limiter, ledger=self.ledger
+        )
         self.collector = Collector(self.datastore)
         self.envoy = EnvoyAdmin(config.envoy_admin_port)
         self.outliers = OutlierFollower(self.datastore, self.envoy)
@@ -88,7 +94,7 @@ class PickerApp:
         if self.coordination is not None:
             self.metrics.attach_coordination(self.coordination)
         if config.tenants is not None:
-            self.metrics.attach_tenants(self.director.tenants, self.limiter)
+            self.metrics.attach_tenants(self.director.tenants, self.limiter, self.ledger)
         self.reloader = ConfigReloader(
             config,
             signature,
@@ -152,6 +158,9 @@ class PickerApp:
             return
         watch_keys = self.director.tenants.watch(self._stopping)
         self._tasks.append(asyncio.create_task(watch_keys, name="igw-tenant-keys"))
+        if self.ledger is not None:
+            sweep = self.ledger.sweeper(self._stopping)
+            self._tasks.append(asyncio.create_task(sweep, name="igw-usage-sweep"))
         settings = self.config.coordination
         if settings is None:
             await self.limiter.start(None, "")
@@ -182,13 +191,14 @@ class PickerApp:
     async def _start_ext_proc(self) -> H2GrpcServer:
         """ext_proc and gRPC health on picker.h2_grpc (see there for why not grpc.aio)."""
         handler = ExtProcHandler(self.director)
-        server = H2GrpcServer(
-            {
-                EXT_PROC_PATH: handler.stream,
-                HEALTH_CHECK_PATH: lambda stream: HealthCheck(stream, self._serving),
-            },
-            max_message=MAX_EXT_PROC_MESSAGE,
-        )
+        methods: dict[str, HandlerFactory] = {
+            EXT_PROC_PATH: handler.stream,
+            HEALTH_CHECK_PATH: lambda stream: HealthCheck(stream, self._serving),
+        }
+        ledger = self.ledger
+        if ledger is not None:
+            methods[ACCESS_LOG_PATH] = lambda stream: AccessLogStream(ledger, stream)
+        server = H2GrpcServer(methods, max_message=MAX_EXT_PROC_MESSAGE)
         await server.start(self.host, self.config.picker_port)
         return server
 

@@ -33,6 +33,7 @@ from picker.tenants.identity import Tenant, TenantDirectory
 if TYPE_CHECKING:
     from picker.coordination.outbox import Outbox
     from picker.tenants.limits import Grant, Limiter
+    from picker.tenants.usage import UsageLedger
 
 log = logging.getLogger("picker.director")
 
@@ -75,6 +76,8 @@ class Decision:
     grant: Grant | None = None
     # The tenant's x-ratelimit-* figures after this request (answered as metadata).
     limit_headers: list[tuple[str, str]] | None = None
+    # Envoy's x-request-id: what the access log names it by (picker.tenants.usage).
+    request_id: str = ""
 
     @property
     def dispatched(self) -> bool:
@@ -110,12 +113,15 @@ class Director:
         metrics: GatewayMetrics,
         rng: np.random.Generator | None = None,
         limiter: Limiter | None = None,
+        ledger: UsageLedger | None = None,
     ) -> None:
         self.datastore = datastore
         self.metrics = metrics
         # spec.tenants: who sends a request, and (the limiter) what each may send.
         self.tenants = TenantDirectory()
         self.limiter = limiter
+        # Tenant requests until Envoy's access log reports their output tokens.
+        self.ledger = ledger
         self.rng = rng or np.random.default_rng()
         self.schedulers: dict[str, Scheduler] = {}
         self.admission: dict[str, AdmissionQueue] = {}
@@ -178,7 +184,7 @@ class Director:
         """The tenant's limits, before any queueing: over a limit is a 429 at once.
 
         What is reserved is the prompt plus `max_tokens`, the most the request can
-        cost; the picker never sees the response, so the reservation stands.
+        cost; the ledger corrects it with the real output once the response ended.
         """
         tenant = decision.tenant
         request = decision.request
@@ -251,6 +257,7 @@ class Director:
             base_model=route.base_model,
             started=started,
             tenant=tenant,
+            request_id=info.request_id,
         )
 
     def saturated(self, pool: Pool, now: float) -> bool:
@@ -305,6 +312,9 @@ class Director:
         ]
         if decision.grant is not None and self.limiter is not None:
             decision.limit_headers = self.limiter.headers(decision.grant)
+        if decision.tenant is not None and self.ledger is not None:
+            self.ledger.opened(decision.request_id, decision.tenant, decision.grant,
+                               decision.request.prompt_tokens)
         self.metrics.picked(pool.name, pick.addresses[0], time.monotonic() - decision.started)
         log.debug(
             "pick pool=%s model=%s pod=%s fallbacks=%s",
@@ -319,6 +329,8 @@ class Director:
         self._release(decision)
         if not decision.dispatched:
             return
+        if decision.tenant is not None and self.ledger is not None:
+            self.ledger.ended(decision.request_id)
         now = time.monotonic()
         ok = decision.status == 0 or decision.status < 500
         pool = decision.pool

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from picker.director import Director
     from picker.tenants.identity import TenantDirectory
     from picker.tenants.limits import Limiter
+    from picker.tenants.usage import UsageLedger
 
 PREFIX = "igw"
 SCHED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0)
@@ -97,9 +98,10 @@ class GatewayMetrics:
         """Export the link to the other gateway replicas (spec.coordination)."""
         self.registry.register(_CoordinationCollector(coordinator))
 
-    def attach_tenants(self, tenants: TenantDirectory, limiter: Limiter | None) -> None:
+    def attach_tenants(self, tenants: TenantDirectory, limiter: Limiter | None,
+                       ledger: UsageLedger | None = None) -> None:
         """Export per-tenant usage, refused credentials and the limits' state (spec.tenants)."""
-        self.registry.register(_TenantCollector(tenants, limiter))
+        self.registry.register(_TenantCollector(tenants, limiter, ledger))
 
     def picked(self, pool: str, pod: str, seconds: float) -> None:
         child = self._requests_by_pool.get(pool)
@@ -337,13 +339,15 @@ class _TenantCollector(Collector):
     """Per-tenant usage, labelled by configured tenants only (the label set is bounded by
     the config, never by what clients send), read at scrape time from plain counters.
 
-    Output tokens are not here: the picker does not see responses (ext_proc has no
-    response phases; reading streamed bodies costs a gRPC message per chunk).
+    Output tokens arrive after each response ended, from Envoy's access log
+    (picker.tenants.usage).
     """
 
-    def __init__(self, tenants: TenantDirectory, limiter: Limiter | None) -> None:
+    def __init__(self, tenants: TenantDirectory, limiter: Limiter | None,
+                 ledger: UsageLedger | None) -> None:
         self.tenants = tenants
         self.limiter = limiter
+        self.ledger = ledger
 
     def collect(self) -> Iterator[Metric]:
         name = f"{PREFIX}_tenant"
@@ -354,6 +358,11 @@ class _TenantCollector(Collector):
             ("reserved_tokens", "Tokens reserved against tokensPerMinute: prompt tokens plus "
              "max_tokens.", "reserved_tokens"),
             ("rate_limited", "Requests refused with 429 rate_limit_exceeded.", "rate_limited"),
+            ("output_tokens", "Output tokens of the tenant's answered requests, counted by "
+             "Envoy from each response and reported after it ended.", "output_tokens"),
+            ("output_tokens_estimated", "The part of output_tokens counted from a stream's "
+             "events because the stream carried no usage object (an estimate).",
+             "output_tokens_estimated"),
         )
         tenants = list(self.tenants.tenants.values())
         for suffix, doc, attr in usage:
@@ -370,6 +379,13 @@ class _TenantCollector(Collector):
         for reason in ("missing", "invalid", "unknown_tenant"):
             refused.add_metric([reason], float(getattr(s, reason)))
         yield refused
+        if self.ledger is not None:
+            unmeasured = CounterMetricFamily(
+                f"{name}_usage_unmeasured", "Routed tenant requests whose output tokens never "
+                "came (not a 200, the client left mid-stream): their reservation stands.",
+            )
+            unmeasured.add_metric([], float(self.ledger.stats.unmeasured))
+            yield unmeasured
         keys = GaugeMetricFamily(f"{name}_keys", "API keys loaded from the keys file.")
         keys.add_metric([], float(s.keys))
         yield keys

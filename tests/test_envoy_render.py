@@ -491,3 +491,20 @@ def test_tenants_add_identity_attributes_key_removal_and_limit_headers(tmp_path:
         hdr.RATE_LIMIT_HEADERS)
     (plain_pool,) = [r for r in _routes(plain) if r["name"] == "pool_llama"]
     assert "response_headers_to_add" not in plain_pool
+
+
+def test_tenants_add_the_output_token_counter_and_its_access_log(tmp_path: Path) -> None:
+    """With spec.tenants a Lua filter, last before the router, counts each response's
+    output tokens and a gRPC access log to the picker carries the counted entries only;
+    without tenants neither exists (not one more step per request)."""
+    _, plain = _render(tmp_path / "plain", document())
+    _, keyed = _render(tmp_path / "keyed", document(tenants=TENANTS_KEYS))
+    names = [f["name"] for f in _hcm(keyed)["http_filters"]]
+    assert names[-2:] == ["igw.usage", "envoy.filters.http.router"]
+    assert "igw.usage" not in [f["name"] for f in _hcm(plain)["http_filters"]]
+    grpc_logs = [a for a in _hcm(keyed)["access_log"] if a["name"].endswith("http_grpc")]
+    (log,) = grpc_logs
+    assert log["typed_config"]["common_config"]["grpc_service"] == {
+        "envoy_grpc": {"cluster_name": "picker"}}
+    assert log["filter"]["metadata_filter"]["match_if_key_not_found"] is False
+    assert not [a for a in _hcm(plain)["access_log"] if a["name"].endswith("http_grpc")]

@@ -87,13 +87,15 @@ def test_refusal_counts_nothing_and_names_the_limit() -> None:
     assert lim.keys["a"][""].requests.mine[10 & 1] == 2
 
 
-def test_tokens_reserved_then_corrected_on_release() -> None:
+def test_tokens_reserved_then_corrected_with_the_real_use() -> None:
     lim = limiter({("a", ""): RateLimits(tokens_per_minute=1000)})
     g1 = lim.admit("a", "m", 600, T0)  # prompt + max_tokens
     with pytest.raises(TokensRateLimited) as info:
         lim.admit("a", "m", 600, T0 + 1)
     assert orjson.loads(error_body(info.value))["error"]["type"] == "tokens"
-    lim.release(g1, used_tokens=150)  # the real use
+    lim.release(g1)
+    lim.correct(g1, 150)  # the real use, reported after the request ended
+    lim.correct(g1, 10)  # once per grant
     g2 = lim.admit("a", "m", 600, T0 + 2)
     assert dict(lim.headers(g2))["x-ratelimit-remaining-tokens"] == str(1000 - 150 - 600)
     lim.release(g2)  # no correction: the reservation stays counted
@@ -103,8 +105,9 @@ def test_tokens_reserved_then_corrected_on_release() -> None:
 def test_correction_of_a_past_window_is_dropped() -> None:
     lim = limiter({("a", ""): RateLimits(tokens_per_minute=1000)})
     grant = lim.admit("a", "m", 900, T0)
-    # released three windows later: window 10 no longer counts, nothing to correct
-    lim.release(grant, used_tokens=10)
+    # corrected three windows later: window 10 no longer counts, nothing to correct
+    lim.release(grant)
+    lim.correct(grant, 10)
     assert admitted(lim, 1, T0 + 3 * W, tokens=1000) == 1
 
 

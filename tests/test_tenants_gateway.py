@@ -43,6 +43,9 @@ TENANTS = [
     # a small token budget on one model only
     {"name": "team-b", "modelLimits": {ECHO: {"tokensPerMinute": 100}}},
     {"name": "team-one", "limits": {"maxConcurrentRequests": 1}},
+    # output tokens counted from responses (no limits), and a token budget they correct
+    {"name": "team-usage"},
+    {"name": "team-tpm", "modelLimits": {ECHO: {"tokensPerMinute": 100}}},
 ]
 
 
@@ -279,7 +282,7 @@ def test_per_tenant_usage_metrics_name_configured_tenants_only(stack, http):
     assert "igw_tenant_limits_shared" in names
     tenants = {name.split('tenant="')[1].split('"')[0] for name in samples
                if name.startswith("igw_tenant") and 'tenant="' in name}
-    assert tenants == {"team-a", "team-tight", "team-b", "team-one"}
+    assert tenants == {t["name"] for t in TENANTS}
 
 
 def test_jwt_claim_names_the_tenant_and_a_forged_header_does_not(tmp_path):
@@ -335,3 +338,69 @@ def test_a_tenant_added_by_config_reload_is_served_and_limited(stack, http):
     fig = Figures("tenant_config_reload")
     fig["new_tenant_served_after_s"] = time.monotonic() - started
     fig.emit()
+
+
+def output_tokens(gw, tenant: str, at_least: float, timeout: float = 5.0) -> tuple[float, float]:
+    """The tenant's (output tokens, of which estimated) once the first reaches
+    `at_least` (Envoy's access log flushes every 200 ms), or at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = picker_metrics(gw.ports["metrics"])
+        total = samples.get(f'igw_tenant_output_tokens_total{{tenant="{tenant}"}}', 0.0)
+        if total >= at_least or time.monotonic() > deadline:
+            return total, samples.get(
+                f'igw_tenant_output_tokens_estimated_total{{tenant="{tenant}"}}', 0.0)
+        time.sleep(0.1)
+
+
+def streamed(http: httpx.Client, body: dict, key: str) -> list[dict]:
+    """The stream's events, parsed, as a client reads them."""
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True},
+                     headers=bearer(key)) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line[6:]) for line in response.iter_lines()
+                if line.startswith("data: {")]
+
+
+def test_output_tokens_are_counted_per_tenant_from_the_responses(stack, http):
+    gw, _, keys, _ = stack
+    key = keys["team-usage"]
+    assert output_tokens(gw, "team-usage", 0, timeout=0) == (0.0, 0.0)
+    # a non-streamed answer: its usage object
+    reply = http.post("/v1/chat/completions", json=chat(LLAMA, max_tokens=5), headers=bearer(key))
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 5
+    # a stream that asked for usage: its usage event
+    events = streamed(http, {**chat(LLAMA, max_tokens=7),
+                             "stream_options": {"include_usage": True}}, key)
+    assert events[-1]["usage"]["completion_tokens"] == 7
+    # a stream without: the gateway counts its token events (an estimate, flagged)
+    events = streamed(http, chat(LLAMA, max_tokens=9), key)
+    tokens = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert len(tokens) == 9 and "usage" not in events[-1]
+    assert output_tokens(gw, "team-usage", 21) == (21.0, 9.0)
+    samples = picker_metrics(gw.ports["metrics"])
+    assert samples["igw_tenant_usage_unmeasured_total"] == 0
+
+
+def test_a_token_reservation_is_corrected_with_the_real_output(stack, http):
+    keys = stack[2]
+    headers = bearer(keys["team-tpm"])
+    # 100 tokens a minute on the echo model; the reservation is prompt + max_tokens
+    first = http.post("/v1/chat/completions", json=chat(max_tokens=80), headers=headers)
+    assert first.status_code == 200, first.text
+    left = int(first.headers["x-ratelimit-remaining-tokens"])
+    prompt = 100 - 80 - left
+    assert prompt > 0
+    # the echo pod answers one token: once Envoy's access log reported it, the first
+    # request counts prompt + 1, and a second reservation of prompt + 80 fits
+    second = None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        second = http.post("/v1/chat/completions", json=chat(max_tokens=80), headers=headers)
+        if second.status_code == 200:
+            break
+        assert second.status_code == 429, second.text
+        time.sleep(0.05)
+    assert second is not None and second.status_code == 200, second.text
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) == 100 - (prompt + 1) - (
+        prompt + 80)

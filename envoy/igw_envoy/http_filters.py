@@ -4,7 +4,8 @@ Client copies of the routing headers are removed first (`early_strip` before
 the first route match, `strip_filter` as the first filter), then JWT (when
 configured) rejects unauthenticated requests, then ext_proc asks the picker,
 then the buffer filter holds one-message requests until the picker answered,
-then (fail-open with several pools) Lua reads the model from the body, then the
+then (fail-open with several pools) Lua reads the model from the body, then (with
+tenants) Lua counts each response's output tokens (igw_envoy.usage), then the
 router connects to the pool member the picker named.
 
 The picker answers in `envoy.lb` dynamic metadata, never in request headers
@@ -20,6 +21,7 @@ from contract import headers
 from contract.config import GatewayConfig
 from igw_envoy.clusters import PICKER_CLUSTER
 from igw_envoy.jwt import jwt_filter
+from igw_envoy.usage import USAGE_LUA
 
 EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 HEADER_MUTATION_TYPE = (
@@ -35,6 +37,7 @@ LUA_TYPE = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
 EXT_PROC = "envoy.filters.http.ext_proc"
 BUFFER = "envoy.filters.http.buffer"
 FALLBACK = "envoy.filters.http.lua"
+USAGE = "igw.usage"
 MESSAGE_TIMEOUT = "2s"
 MAX_MESSAGE_TIMEOUT = "60s"
 
@@ -196,6 +199,15 @@ def fallback_filter() -> dict:
     }
 
 
+def usage_filter() -> dict:
+    """The response-side output token counter (igw_envoy.usage); last before the
+    router, so it is the first filter a response passes through."""
+    return {
+        "name": USAGE,
+        "typed_config": {"@type": LUA_TYPE, "default_source_code": {"inline_string": USAGE_LUA}},
+    }
+
+
 def router_filter() -> dict:
     return {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}}
 
@@ -208,5 +220,7 @@ def http_filters(config: GatewayConfig, jwt_base_dir: Path | None) -> list[dict]
     filters += [ext_proc_filter(config), hold_filter(config)]
     if needs_fallback(config):
         filters.append(fallback_filter())
+    if config.tenants is not None:
+        filters.append(usage_filter())
     filters.append(router_filter())
     return filters

@@ -17,6 +17,7 @@ from igw_envoy import replies
 from igw_envoy.downstream_tls import downstream_tls
 from igw_envoy.http_filters import early_strip, http_filters
 from igw_envoy.routes import duration, route_config
+from igw_envoy.usage import usage_access_log
 from igw_envoy.xds import rds_config
 
 HCM_TYPE = (
@@ -94,7 +95,8 @@ def http_connection_manager(config: GatewayConfig, inputs: ListenerInputs) -> di
         "http_filters": http_filters(config, inputs.jwt_base_dir),
         **_routes(config, inputs),
         "local_reply_config": replies.local_reply_config(config.bbr.max_request_body_bytes),
-        "access_log": replies.access_log(inputs.access_log_path),
+        "access_log": replies.access_log(inputs.access_log_path)
+        + ([usage_access_log()] if config.tenants is not None else []),
     }
 
 

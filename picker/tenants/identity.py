@@ -37,6 +37,10 @@ class Usage:
     prompt_tokens: int = 0
     reserved_tokens: int = 0
     rate_limited: int = 0
+    # reported after the request ended (picker.tenants.usage); `estimated` is the part
+    # counted from a stream's events because the stream carried no usage object
+    output_tokens: int = 0
+    output_tokens_estimated: int = 0
 
 
 @dataclass(slots=True)

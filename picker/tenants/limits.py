@@ -3,7 +3,8 @@
 What is limited, per (tenant, model) key ("" as the model: tenant-wide; a request
 is checked against both): requests per minute, tokens per minute (the reservation
 made at admission, prompt tokens + `max_tokens`, optionally corrected with the real
-usage on release) and concurrent requests.
+usage when Envoy's access log reports it, picker.tenants.usage) and concurrent
+requests.
 
 Why local counters (docs/ratelimits.md has the measurement): asking Redis, or a
 rate-limit service that asks Redis, on every request adds a round trip to the
@@ -274,7 +275,7 @@ _LOCAL, _CLAIMED, _ALONE = 0, 1, 2
 class Grant:
     """What one admitted request holds: the keys it counted in, its window, its tokens."""
 
-    __slots__ = ("keys", "released", "tokens", "window", "window_f")
+    __slots__ = ("corrected", "keys", "released", "tokens", "window", "window_f")
 
     def __init__(self, keys: tuple[_Key, ...], window: int, window_f: float,
                  tokens: int) -> None:
@@ -283,6 +284,7 @@ class Grant:
         self.window_f = window_f
         self.tokens = tokens
         self.released = False
+        self.corrected = False
 
 
 class Limiter:
@@ -413,17 +415,28 @@ class Limiter:
                 "Please try again when a request has finished.",
                 retry_after=1, headers=self._keys_headers(keys, w, f))
 
-    def release(self, grant: Grant, used_tokens: int | None = None) -> None:
-        """The request ended: its concurrency slot frees; with `used_tokens`, the token
-        reservation becomes the real use (in its window, if that still counts)."""
+    def release(self, grant: Grant) -> None:
+        """The request ended: its concurrency slot frees."""
         if grant.released or not grant.keys:
             return
         grant.released = True
-        delta = None if used_tokens is None else max(0, int(used_tokens)) - grant.tokens
         for key in grant.keys:
             key.dirty = True
             key.inflight = max(0, key.inflight - 1)
-            if delta and key.tokens is not None:
+
+    def correct(self, grant: Grant, used_tokens: int) -> None:
+        """The request's real use is known (Envoy's access log, after it ended): the
+        token reservation becomes `used_tokens` in the window it was counted in, if
+        that window still counts. Once per grant; the next sync carries the change."""
+        if grant.corrected or not grant.keys:
+            return
+        grant.corrected = True
+        delta = max(0, int(used_tokens)) - grant.tokens
+        if not delta:
+            return
+        for key in grant.keys:
+            if key.tokens is not None:
+                key.dirty = True
                 key.tokens.correct(grant.window, delta)
 
     def headers(self, grant: Grant) -> list[tuple[str, str]]:
