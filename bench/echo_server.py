@@ -2,11 +2,13 @@
 
 Raw asyncio HTTP/1.1 with keep-alive, no framework. Answers
 - `POST /v1/chat/completions`, `POST /v1/completions`: a fixed one-token OpenAI response
-  (non-streaming);
+  (non-streaming); with `--stream-events N`, an SSE stream of N one-token chat events
+  instead (role event, N tokens, finish, [DONE]), each written in its own loop
+  iteration so a proxy reads them as separate chunks, as it would from an engine;
 - `GET /metrics`: vLLM metrics of an idle engine (so the gateway sees a fresh, ready pod);
 - `GET /health`, `GET /v1/models`: 200.
 
-    python -m bench.echo_server --port 18000
+    python -m bench.echo_server --port 18000 [--stream-events 64]
 
 Prints `echo ready <port>` once listening; SIGTERM/SIGINT stop it.
 """
@@ -50,10 +52,34 @@ RESPONSES = {
 }
 
 
+_EVENT = (b'data: {"id":"chatcmpl-echo","object":"chat.completion.chunk","created":0,'
+          b'"model":"echo-model","choices":[{"index":0,"delta":{"content":"ok"},'
+          b'"logprobs":null,"finish_reason":null}]}\n\n')
+_ROLE = _EVENT.replace(b'{"content":"ok"}', b'{"role":"assistant","content":""}')
+_FINISH = _EVENT.replace(b'{"content":"ok"}', b"{}").replace(
+    b'"finish_reason":null', b'"finish_reason":"length"')
+STREAM_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+               b"transfer-encoding: chunked\r\nx-sim-pod: echo\r\n\r\n")
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def stream_chunks(events: int) -> list[bytes]:
+    """The HTTP/1.1 chunks of one streamed answer, the headers with the first."""
+    body = [_ROLE, *([_EVENT] * events), _FINISH + b"data: [DONE]\n\n"]
+    out = [_chunk(e) for e in body]
+    out[0] = STREAM_HEAD + out[0]
+    out[-1] += b"0\r\n\r\n"
+    return out
+
+
 class EchoProtocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, stream_events: int = 0) -> None:
         self.buf = b""
         self.transport: Any = None
+        self.stream = stream_chunks(stream_events) if stream_events else None
 
     def connection_made(self, transport: Any) -> None:  # uvloop's is no asyncio.Transport
         self.transport = transport
@@ -78,7 +104,9 @@ class EchoProtocol(asyncio.Protocol):
             method, _, rest = head.partition(b" ")
             path = rest.partition(b" ")[0].partition(b"?")[0]
             self.buf = self.buf[total:]
-            if method == b"POST":
+            if method == b"POST" and self.stream is not None:
+                self._write_stream(list(reversed(self.stream)))
+            elif method == b"POST":
                 out.append(RESPONSES[b"POST"])
             else:
                 out.append(RESPONSES.get(path, RESPONSES[b"404"]))
@@ -86,9 +114,20 @@ class EchoProtocol(asyncio.Protocol):
             self.transport.write(b"".join(out))
 
 
-async def serve(port: int, host: str = "127.0.0.1") -> None:
+    def _write_stream(self, left: list[bytes]) -> None:
+        """One chunk now, the next in the loop's next iteration (clients send one
+        request at a time on a connection, so streams never interleave)."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.transport.write(left.pop())
+        if left:
+            asyncio.get_running_loop().call_soon(self._write_stream, left)
+
+
+async def serve(port: int, host: str = "127.0.0.1", stream_events: int = 0) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(EchoProtocol, host, port, backlog=1024)
+    server = await loop.create_server(lambda: EchoProtocol(stream_events), host, port,
+                                      backlog=1024)
     print(f"echo ready {port}", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -102,13 +141,15 @@ async def serve(port: int, host: str = "127.0.0.1") -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--stream-events", type=int, default=0,
+                   help="answer POSTs with an SSE stream of this many token events")
     args = p.parse_args(argv)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(args.port))
+        asyncio.run(serve(args.port, stream_events=args.stream_events))
     else:
-        uvloop.run(serve(args.port))
+        uvloop.run(serve(args.port, stream_events=args.stream_events))
     return 0
 
 

@@ -175,7 +175,8 @@ def render(doc: dict[str, Any]) -> str:
         f"(load average {doc['load_average']:.1f} at the start); {doc['versions_line']}. "
         f"wrk {doc['wrk']}, {doc['duration_s']:g} s per point after a {WARMUP_S} s warm-up, "
         "1 KB non-streaming chat body, max_tokens 1, backend bench/echo_server.py (costs "
-        "~nothing). Method: bench/overhead.py.",
+        "~nothing)" + (f", answering an SSE stream of {doc['stream_events']} token events"
+                       if doc.get("stream_events") else "") + ". Method: bench/overhead.py.",
         "",
         "| router | conc. | p50 | p99 | added p50 / p99 over direct | req/s | errors "
         "| CPU per request, ms (net of idle background work) |",
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=8.0, help="seconds per point")
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--stream-events", type=int, default=0,
+                   help="the backend streams this many token events per answer (SSE)")
     args = p.parse_args(argv)
     from bench.runner import tls_material
 
@@ -234,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         tls = tls_material(work)
         (port,) = free_ports(1)
         echo = start_child("echo", [sys.executable, "-m", "bench.echo_server", "--port",
-                                    str(port)], work / "echo.log")
+                                    str(port), "--stream-events", str(args.stream_events)],
+                           work / "echo.log")
         try:
             wait_log_line(echo, lambda line: line.startswith("echo ready"), 20)
             for target in targets:
@@ -254,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "igw bench --overhead " + " ".join(argv or []),
         "cores": os.cpu_count(),
+        "stream_events": args.stream_events,
         "load_average": os.getloadavg()[0],
         "versions": vers,
         "versions_line": ", ".join(f"{k} {v}" for k, v in vers.items()),

@@ -88,6 +88,9 @@ ROUTERS: dict[str, RouterSpec] = {
         RouterSpec("igw-llm-d-coord", "igw-coord", "llm-d", "gateway llm-d, coordinated"),
         # spec.tenants: an API key on every request, a tenant with all three limits
         RouterSpec("igw-llm-d-tenants", "igw-tenants", "llm-d", "gateway llm-d, tenants"),
+        # the same without measuring output tokens (spec.tenants.measureUsage false)
+        RouterSpec("igw-llm-d-tenants-nousage", "igw-tenants", "llm-d",
+                   "gateway llm-d, tenants, usage not measured"),
         RouterSpec("envoy-rr", "envoy", "ROUND_ROBIN", "Envoy ROUND_ROBIN"),
         RouterSpec("envoy-lr", "envoy", "LEAST_REQUEST", "Envoy LEAST_REQUEST"),
         RouterSpec("sglang-rr", "sglang", "round_robin", "sglang-router round_robin"),
@@ -359,6 +362,7 @@ class TenantsGatewayRouter(GatewayRouter):
         limits = {"requestsPerMinute": 10**9, "tokensPerMinute": 10**12,
                   "maxConcurrentRequests": 10**6}
         config["spec"]["tenants"] = {"keysFile": str(keys_file),
+                                     "measureUsage": not self.name.endswith("-nousage"),
                                      "list": [{"name": "bench", "limits": limits}]}
         return config
 

@@ -222,6 +222,10 @@ class TenantsConfig:
     # The shared Redis of the limits unreachable: `open` admits on this replica's own
     # counts, `closed` refuses what it cannot check (503).
     failure_mode: str = "open"
+    # Envoy counts each response's output tokens and reports them after it ended
+    # (igw_envoy.usage): per-tenant output tokens, reservations corrected. Off: neither,
+    # and no per-chunk scan in Envoy.
+    measure_usage: bool = True
 
     def limits(self) -> dict[tuple[str, str], RateLimits]:
         """(tenant, model) → limits, model "" for the tenant-wide ones: the limiter's table."""
@@ -677,6 +681,7 @@ def _tenants(data: Any, path: str) -> TenantsConfig | None:
     failure = _choice(
         f.take("failureMode", d.failure_mode), TENANT_FAILURE_MODES, f.at("failureMode")
     )
+    measure = _typed(f.take("measureUsage", d.measure_usage), bool, f.at("measureUsage"))
     raw = f.take("list")
     f.done()
     if not isinstance(raw, list) or not raw:
@@ -695,7 +700,8 @@ def _tenants(data: Any, path: str) -> TenantsConfig | None:
     if (keys_file is None) == (claim is None):
         raise ConfigError(f"{path}: exactly one of keysFile or jwtClaim is required")
     return TenantsConfig(
-        tenants=tenants, keys_file=keys_file, jwt_claim=claim, failure_mode=failure
+        tenants=tenants, keys_file=keys_file, jwt_claim=claim, failure_mode=failure,
+        measure_usage=measure,
     )
 
 

@@ -24,6 +24,7 @@ from prometheus_client.core import Metric
 
 from contract.config import GatewayConfig
 from igw_envoy.eds import write_endpoints
+from igw_envoy.usage import measures_usage
 from igw_envoy.xds import write_dynamic
 from picker.access_log import ACCESS_LOG_PATH, AccessLogStream
 from picker.admin import AdminService
@@ -77,7 +78,7 @@ class PickerApp:
             if config.tenants is not None else None
         )
         # Output tokens per tenant request, from Envoy's access log (spec.tenants).
-        self.ledger = UsageLedger(self.limiter) if config.tenants is not None else None
+        self.ledger = UsageLedger(self.limiter) if measures_usage(config) else None
         self.director = Director(
             self.datastore, self.metrics, limiter=self.limiter, ledger=self.ledger
         )

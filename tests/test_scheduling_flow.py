@@ -237,6 +237,30 @@ def test_a_scrape_showing_the_prefill_done_frees_the_room():
     assert has_room(sched.state, req(1000), NOW + 0.05)
 
 
+def test_finished_requests_lift_the_speed_of_a_pod_that_exports_none():
+    """A pod with no speed signal keeps the slow default (2,000 tokens at 2 s), until the
+    requests it finishes prove it faster: 1,000 prompt tokens done within 10 ms is at least
+    100k tokens/s, so many more fit. A failure proves nothing."""
+    pool = make_pool(1)
+    sched = Scheduler(pool)
+    state = sched.state
+    for _ in range(2):
+        sched.on_dispatch(0, req(1000), NOW)
+    assert not has_room(state, req(1000), NOW)
+    state.on_complete(0, req(1000), 0.01, ok=False, now=NOW + 0.01)
+    assert not has_room(state, req(1000), NOW + 0.01)
+    state.on_complete(0, req(1000), 0.01, ok=True, now=NOW + 0.01)
+    assert state.prefill_floor[0] == pytest.approx(100_000)
+    for _ in range(150):
+        sched.on_dispatch(0, req(1000), NOW + 0.02)
+    assert has_room(state, req(1000), NOW + 0.02)  # 100k tokens/s x 2 s: 200 requests
+    assert committed(state, NOW + 0.02).saturation == pytest.approx(152_000 / 200_000)
+    # a learned speed above the floor is used as it is
+    pool.table.prefill_tps[0] = 500_000.0
+    state.invalidate_speeds()
+    assert committed(state, NOW + 0.02).saturation == pytest.approx(152_000 / 1_000_000)
+
+
 def test_bound_off_and_cached_prefixes():
     pool = make_pool(1, delay=0.0)
     sched = Scheduler(pool)

@@ -21,7 +21,7 @@ from contract import headers
 from contract.config import GatewayConfig
 from igw_envoy.clusters import PICKER_CLUSTER
 from igw_envoy.jwt import jwt_filter
-from igw_envoy.usage import USAGE_LUA
+from igw_envoy.usage import USAGE_LUA, measures_usage
 
 EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 HEADER_MUTATION_TYPE = (
@@ -220,7 +220,7 @@ def http_filters(config: GatewayConfig, jwt_base_dir: Path | None) -> list[dict]
     filters += [ext_proc_filter(config), hold_filter(config)]
     if needs_fallback(config):
         filters.append(fallback_filter())
-    if config.tenants is not None:
+    if measures_usage(config):
         filters.append(usage_filter())
     filters.append(router_filter())
     return filters

@@ -17,7 +17,7 @@ from igw_envoy import replies
 from igw_envoy.downstream_tls import downstream_tls
 from igw_envoy.http_filters import early_strip, http_filters
 from igw_envoy.routes import duration, route_config
-from igw_envoy.usage import usage_access_log
+from igw_envoy.usage import measures_usage, usage_access_log
 from igw_envoy.xds import rds_config
 
 HCM_TYPE = (
@@ -96,7 +96,7 @@ def http_connection_manager(config: GatewayConfig, inputs: ListenerInputs) -> di
         **_routes(config, inputs),
         "local_reply_config": replies.local_reply_config(config.bbr.max_request_body_bytes),
         "access_log": replies.access_log(inputs.access_log_path)
-        + ([usage_access_log()] if config.tenants is not None else []),
+        + ([usage_access_log()] if measures_usage(config) else []),
     }
 
 

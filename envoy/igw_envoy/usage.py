@@ -22,6 +22,7 @@ stands for them.
 from __future__ import annotations
 
 from contract import headers
+from contract.config import GatewayConfig
 from igw_envoy.clusters import PICKER_CLUSTER
 
 GRPC_LOG_TYPE = (
@@ -91,6 +92,11 @@ end
 """.replace("NAMESPACE", headers.USAGE_METADATA_NAMESPACE).replace(
     "OUTPUT", headers.OUTPUT_TOKENS_KEY
 ).replace("EXACT", headers.USAGE_EXACT_KEY)
+
+
+def measures_usage(config: GatewayConfig) -> bool:
+    """spec.tenants with `measureUsage` (the default): the filter, the log, the ledger."""
+    return config.tenants is not None and config.tenants.measure_usage
 
 
 def usage_access_log() -> dict:

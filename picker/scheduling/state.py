@@ -59,6 +59,11 @@ class PoolState:
         self.since_tokens = np.zeros(0)
         self.since_stamp = np.zeros(0)
         self.spt = np.zeros(0)
+        # A floor under each row's prefill speed from what the gateway saw finish: a
+        # request's prefill is done before it ends, so its uncached prompt over its
+        # duration is at most the speed (EWMA of those; 0 until one ended). For flow
+        # control, on pods whose engine exports no speed (picker.scheduling.flow).
+        self.prefill_floor = np.zeros(0)
         # Prefill backlog (see `prefill_backlog`): prompt tokens sent to each row in
         # total, those not yet prefilled as of the last folded scrape, and that
         # scrape's time, sent total and engine prompt-token counter.
@@ -211,6 +216,9 @@ class PoolState:
         sample_s = origin_duration_s if remote else duration_s
         if ok and sample_s is not None and tokens > 0 and sample_s > 0:
             self.spt[row] = _ewma(self.spt[row], sample_s / tokens, POD_EWMA_ALPHA)
+            uncached = max(req.prompt_tokens, 0) * (1.0 - self.cached_share[row])
+            self.prefill_floor[row] = _ewma(self.prefill_floor[row], uncached / sample_s,
+                                            POD_EWMA_ALPHA)
 
     # -- derived signals ------------------------------------------------------------
 
@@ -374,6 +382,7 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
 _ROW_ARRAYS = (
     "since_tokens", "since_stamp", "spt", "slots", "slot_stamp", "slot_running",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
+    "prefill_floor",
 )
 
 
