@@ -21,12 +21,17 @@ def list_pools(address: str) -> list[dict]:
 
 
 def status(address: str) -> dict:
-    """`{"pools": [...], "coordination": {...}}`: what `igw status` shows."""
+    """`{"pools": [...], "tenants": {...}, "coordination": {...}}`: what `igw status`
+    shows."""
     channel, stub = _stub(address)
     with channel:
         reply = stub.ListPools(admin_pb2.ListPoolsRequest(), timeout=TIMEOUT_S)
     return {
         "pools": [MessageToDict(p, preserving_proto_field_name=True) for p in reply.pools],
+        "tenants": MessageToDict(
+            reply.tenants, preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        ),
         "coordination": MessageToDict(
             reply.coordination, preserving_proto_field_name=True,
             always_print_fields_with_no_presence=True,
@@ -77,10 +82,32 @@ def format_coordination(state: dict) -> str:
     return line
 
 
-def format_status(pools: list[dict], coordination: dict | None = None) -> str:
+def format_tenants(state: dict) -> list[str]:
+    """A line for the tenants' limits, then one per tenant (nothing without tenants)."""
+    if not state.get("enabled"):
+        return []
+    lines = [
+        f"tenants limits={state.get('limits_mode', 'local')} "
+        f"redis={state.get('limits_redis', 'off')} replicas={state.get('limits_replicas', 1)} "
+        f"unauthorized={state.get('unauthorized', 0)} "
+        f"output_tokens={'measured' if state.get('measure_usage') else 'off'}"
+    ]
+    for t in state.get("tenants", []):
+        lines.append(
+            f"  {t['name']:<22} weight={float(t.get('weight', 1)):g} "
+            f"inflight={t.get('inflight', 0)} requests={t.get('requests', 0)} "
+            f"prompt_tokens={t.get('prompt_tokens', 0)} "
+            f"output_tokens={t.get('output_tokens', 0)} rate_limited={t.get('rate_limited', 0)}"
+        )
+    return lines
+
+
+def format_status(pools: list[dict], coordination: dict | None = None,
+                  tenants: dict | None = None) -> str:
     """One line per pod: the figures an operator looks at first (and, given, one line
-    for the link to the other replicas)."""
+    for the link to the other replicas, and the tenants)."""
     lines = [] if coordination is None else [format_coordination(coordination)]
+    lines += format_tenants(tenants or {})
     for pool in pools:
         lines.append(
             f"pool {pool['name']} model={pool['model_name']} scheduler={pool['scheduler']} "

@@ -64,7 +64,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     doc = status(args.admin)
     pools = doc["pools"]
-    print(json.dumps(pools, indent=2) if args.json else format_status(pools, doc["coordination"]))
+    text = None if args.json else format_status(pools, doc["coordination"], doc["tenants"])
+    print(json.dumps(pools, indent=2) if args.json else text)
     return 0
 
 

@@ -63,13 +63,39 @@ class AdminService(admin_pb2_grpc.GatewayAdminServicer):
                     admission_queue_length=len(queue) if queue is not None else 0,
                 )
             )
-        return admin_pb2.ListPoolsResponse(pools=pools, coordination=self._coordination())
+        return admin_pb2.ListPoolsResponse(
+            pools=pools, coordination=self._coordination(), tenants=self._tenants()
+        )
 
     def _coordination(self) -> admin_pb2.CoordinationState:
         coordinator = self.app.coordination
         if coordinator is None:
             return admin_pb2.CoordinationState(enabled=False)
         return admin_pb2.CoordinationState(enabled=True, **coordinator.status())
+
+    def _tenants(self) -> admin_pb2.TenantsState:
+        config = self.app.config.tenants
+        if config is None:
+            return admin_pb2.TenantsState(enabled=False)
+        director = self.app.director
+        states = [s.state.shares for s in director.schedulers.values()]
+        tenants = [
+            admin_pb2.TenantState(
+                name=t.name, weight=t.weight, requests=t.usage.requests,
+                prompt_tokens=t.usage.prompt_tokens, output_tokens=t.usage.output_tokens,
+                rate_limited=t.usage.rate_limited,
+                inflight=sum(shares.inflight(t.name) for shares in states),
+            )
+            for t in director.tenants.tenants.values()
+        ]
+        stats = director.tenants.stats
+        limits = director.limiter.status() if director.limiter is not None else {}
+        return admin_pb2.TenantsState(
+            enabled=True, tenants=tenants, limits_redis=limits.get("redis", "off"),
+            limits_mode=limits.get("mode", "local"), limits_replicas=limits.get("replicas", 1),
+            unauthorized=stats.missing + stats.invalid + stats.unknown_tenant,
+            measure_usage=director.ledger is not None,
+        )
 
     async def Explain(self, request, context):
         info = RequestInfo(

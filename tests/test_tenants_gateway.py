@@ -22,6 +22,7 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from igw.admin_client import status
 from tests.docker_env import METRICS_MODULE, defined_series, exposed
 from tests.header_pod import header_pod
 from tests.jwt_keys import es256_token, jwks
@@ -404,3 +405,20 @@ def test_a_token_reservation_is_corrected_with_the_real_output(stack, http):
     assert second is not None and second.status_code == 200, second.text
     assert int(second.headers["x-ratelimit-remaining-tokens"]) == 100 - (prompt + 1) - (
         prompt + 80)
+
+
+def test_igw_status_shows_the_tenants_and_their_usage(stack, http):
+    gw, _, keys, _ = stack
+    assert http.post("/v1/chat/completions", json=chat(LLAMA, max_tokens=3),
+                     headers=bearer(keys["team-a"])).status_code == 200
+    doc = status(gw.admin)["tenants"]
+    assert doc["enabled"] and doc["limits_redis"] == "off" and doc["measure_usage"]
+    by_name = {t["name"]: t for t in doc["tenants"]}
+    assert set(by_name) >= {t["name"] for t in TENANTS}  # (+ one a reload test adds)
+    assert int(by_name["team-a"]["requests"]) >= 1
+    assert by_name["team-a"]["weight"] == 2
+    out = subprocess.run([sys.executable, "-m", "igw.cli", "status", "--admin", gw.admin],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    assert "tenants limits=local redis=off" in out and "output_tokens=measured" in out
+    (line,) = [x for x in out.splitlines() if x.strip().startswith("team-a ")]
+    assert "weight=2 " in line and "requests=" in line
