@@ -42,7 +42,7 @@ from tests.test_coordination_support import (
 
 def _dispatch(rid: int, blocks: int, address: str = PODS[0], adapter: str | None = None):
     hashes = np.arange(blocks, dtype=np.uint64) * np.uint64(2**61 + 7)
-    return (DISPATCH, rid, POOL, address, 100 + rid, 10, adapter, 0.25, hashes)
+    return (DISPATCH, rid, POOL, address, 100 + rid, 10, adapter, 0.25, hashes, "", 1.0)
 
 
 def test_codec_round_trip_keeps_every_field():
@@ -144,6 +144,39 @@ def test_a_remote_success_teaches_speed_from_the_origins_duration_a_failure_noth
     assert remote.state.spt[row] == pytest.approx(2.0 / (first[4] + first[5]))
     assert other == row or remote.state.spt[other] == 0  # the failure taught nothing
     assert remote.coordinator.replicas.outstanding() == 0
+
+
+def test_a_remote_tenant_counts_in_the_fair_shares_until_its_request_ends():
+    """Fair shares hold across replicas: the receiver counts the other replica's
+    request of a tenant as that tenant's, active and in flight, until it completes."""
+    remote = _replica("b")
+    events = [(*_dispatch(1, 0)[:9], "team-a", 2.0), (*_dispatch(2, 0)[:9], "team-a", 2.0),
+              _dispatch(3, 0)]
+    (entry,) = encode_batches(events, 0, time.time())
+    assert b'"dt"' in entry[b"m"]
+    batch = decode_batch(entry)
+    assert [(d.tenant, d.tenant_weight) for d in batch.dispatches] == [
+        ("team-a", 2.0), ("team-a", 2.0), ("", 1.0)]
+    now = time.monotonic()
+    remote.coordinator.folder.fold("a", batch, now, 0.0)
+    shares = remote.state.shares
+    assert shares.inflight("team-a") == 2
+    assert len(shares) == 1  # team-a active; the tenant-less dispatch names no tenant
+    (entry,) = encode_batches([(COMPLETE, 1), (COMPLETE, 2)], 1, time.time())
+    remote.coordinator.folder.fold("a", decode_batch(entry), now + 0.5, 0.0)
+    assert shares.inflight("team-a") == 0
+    # an entry without tenants carries no `dt` (what an older writer sends): none counted
+    (plain,) = encode_batches([_dispatch(4, 0)], 2, time.time())
+    assert b'"dt"' not in plain[b"m"]
+
+
+@pytest.mark.parametrize("dt", [b'[["t", 1]]', b'[["", 1], null]', b'[["t", 0], null]',
+                                b'[["t", "x"], null]', b'{"t": 1}', b'[[1, 1], null]'])
+def test_codec_refuses_tenants_that_are_not_tenants(dt):
+    meta = (b'{"v":1,"t":0,"s":0,"p":[["p","a"]],"d":[[1,0,1,1,null,0,0],[2,0,1,1,null,0,0]],'
+            b'"c":[],"dt":' + dt + b"}")
+    with pytest.raises(CodecError):
+        decode_batch({b"m": meta})
 
 
 @pytest.mark.parametrize("durations", [b'[1.0]', b'[1.0, -1]', b'[1.0, "x"]', b'{"a": 1}'])

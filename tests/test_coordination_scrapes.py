@@ -148,7 +148,7 @@ def test_codec_round_trip_of_shared_scrapes_beside_dispatches():
     plain = SharedScrape(POOL, "10.0.0.2:8000", 0.0, MetricsSnapshot(
         {Signal.WAITING: 0.0, Signal.RUNNING: 0.0, Signal.KV_USAGE: 0.0}))
     failed = SharedScrape("other", "10.0.0.3:9000", 1.5, None, "TimeoutError: ")
-    dispatch = (DISPATCH, 1, POOL, "10.0.0.1:8000", 100, 10, None, 0.0, [])
+    dispatch = (DISPATCH, 1, POOL, "10.0.0.1:8000", 100, 10, None, 0.0, [], "", 1.0)
     (entry,) = encode_batches([dispatch], 3, 99.0, scrapes=[good, plain, failed])
     batch = decode_batch(entry)
     assert len(batch.dispatches) == 1 and batch.dispatches[0].address == "10.0.0.1:8000"

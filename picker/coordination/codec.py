@@ -11,7 +11,7 @@ resolves the address with its own O(1) map.
 
 Events as the request path buffers them (plain tuples, no allocation beyond):
 - `(DISPATCH, request_id, pool, address, prompt_tokens, max_tokens, adapter,
-  cached, prefix_hashes)`;
+  cached, prefix_hashes, tenant, tenant_weight)` (tenant "" without spec.tenants);
 - `(COMPLETE, request_id, duration_s)`: `duration_s` is the origin's measure of
   a success (dispatch to end), None for a failure.
 Request ids are per replica (a counter); (replica, id) is unique.
@@ -19,7 +19,11 @@ Request ids are per replica (a counter); (replica, id) is unique.
 Completions travel as `c`, their ids, and `cd`, their durations aligned with
 `c` (null: none); an older reader ignores `cd` and a batch without it (an
 older writer) decodes to no durations, so a rolling upgrade keeps working and
-only the speed learning from other replicas' requests waits for it.
+only the speed learning from other replicas' requests waits for it. Likewise
+`dt`, aligned with `d`: each dispatch's `[tenant, weight]` (null: no tenant),
+absent when no dispatch of the entry has one; the receiver counts the tenant's
+request in its fair shares (picker.scheduling.shares), so a tenant's share of a
+pool's slots holds across the replicas, not per replica.
 
 Shared scrape results (picker.coordination.scrapes) ride in the same entries:
 `k` in the metadata names the signals the entry's results carry, once, and
@@ -68,6 +72,9 @@ MAX_ERROR_CHARS = 200
 MAX_SCRAPE_AGE_S = 3600.0
 # A completion's duration beyond this is refused (no routeTimeout comes near it).
 MAX_DURATION_S = 86_400.0
+# A dispatch's tenant: the config's bounds (contract.config: names, weights).
+MAX_TENANT_NAME = 64
+MAX_TENANT_WEIGHT = 1000.0
 
 HASH_DTYPE = np.dtype("<u8")
 _NO_HASHES = np.empty(0, dtype=HASH_DTYPE)
@@ -89,6 +96,8 @@ class RemoteDispatch:
     adapter: str | None
     cached: float
     prefix_hashes: np.ndarray
+    tenant: str = ""
+    tenant_weight: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +163,7 @@ def _encode_one(
     dispatches: list[list[Any]] = []
     completions: list[int] = []
     durations: list[float | None] = []
+    tenants: list[list[Any] | None] = []
     hashes: list[np.ndarray] = []
     for event in events:
         if event[0] == COMPLETE:
@@ -161,11 +171,12 @@ def _encode_one(
             duration = event[2] if len(event) > 2 else None
             durations.append(None if duration is None else round(duration, 4))
             continue
-        _, rid, pool, address, prompt, output, adapter, cached, blocks = event
+        _, rid, pool, address, prompt, output, adapter, cached, blocks, tenant, weight = event
         pod = pods.setdefault((pool, address), len(pods))
         blocks = blocks[:MAX_SHARED_BLOCKS]
         hashes.append(blocks)
         dispatches.append([rid, pod, prompt, output, adapter, round(cached, 3), len(blocks)])
+        tenants.append([tenant, weight] if tenant else None)
     meta = {
         "v": VERSION,
         "t": sent_at,
@@ -176,6 +187,8 @@ def _encode_one(
     }
     if any(d is not None for d in durations):
         meta["cd"] = durations
+    if any(t is not None for t in tenants):
+        meta["dt"] = tenants
     if not shares_scrapes:
         meta["ns"] = True
     if scrapes:
@@ -236,13 +249,15 @@ def decode_batch(fields: dict[bytes, bytes]) -> Batch:
         pods = [(str(p), str(a)) for p, a in meta["p"]]
         dispatches = []
         offset = 0
-        for rid, pod, prompt, output, adapter, cached, nblocks in meta["d"]:
+        tenants = _decode_tenants(meta.get("dt"), len(meta["d"]))
+        for (rid, pod, prompt, output, adapter, cached, nblocks), (tenant, weight) in zip(
+                meta["d"], tenants, strict=True):
             pool, address = pods[pod]
             blocks = all_hashes[offset : offset + nblocks]
             offset += nblocks
             dispatches.append(
                 RemoteDispatch(int(rid), pool, address, int(prompt), int(output),
-                               adapter, float(cached), blocks)
+                               adapter, float(cached), blocks, tenant, weight)
             )
         if offset != len(all_hashes):
             raise CodecError("prefix hashes do not match the dispatches' block counts")
@@ -258,6 +273,26 @@ def decode_batch(fields: dict[bytes, bytes]) -> Batch:
         raise
     except (KeyError, ValueError, TypeError, IndexError) as exc:  # JSONDecodeError is a ValueError
         raise CodecError(f"not a batch: {type(exc).__name__}: {exc}") from None
+
+
+def _decode_tenants(raw: Any, n: int) -> list[tuple[str, float]]:
+    """The dispatches' (tenant, weight) (`dt`); ("", 1.0) each when absent."""
+    if raw is None:
+        return [("", 1.0)] * n
+    if not isinstance(raw, list) or len(raw) != n:
+        raise CodecError("dt must be a list aligned with the dispatches")
+    out = []
+    for item in raw:
+        if item is None:
+            out.append(("", 1.0))
+            continue
+        tenant, weight = item
+        if (not isinstance(tenant, str) or not 0 < len(tenant) <= MAX_TENANT_NAME
+                or type(weight) not in (int, float)
+                or not 0.0 < float(weight) <= MAX_TENANT_WEIGHT):
+            raise CodecError(f"not a tenant and weight: {item!r}"[:200])
+        out.append((tenant, float(weight)))
+    return out
 
 
 def _decode_durations(raw: Any, count: int) -> list[float | None]:

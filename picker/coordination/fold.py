@@ -63,6 +63,8 @@ class Folder:
                 prompt_tokens=d.prompt_tokens,
                 max_tokens=d.max_tokens,
                 prefix_hashes=d.prefix_hashes,
+                tenant=d.tenant,
+                tenant_weight=d.tenant_weight,
             )
             sched.on_remote_dispatch(pod.row, req, now, d.cached)
             max_age = pool.config.route_timeout_s + replicas.timeout_s

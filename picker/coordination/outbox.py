@@ -50,7 +50,8 @@ class Outbox:
         """Record a local dispatch; returns the id its completion must carry."""
         self._next_id += 1
         self._push((DISPATCH, self._next_id, pool, address, req.prompt_tokens,
-                    req.max_tokens, req.adapter, cached, req.prefix_hashes))
+                    req.max_tokens, req.adapter, cached, req.prefix_hashes, req.tenant,
+                    req.tenant_weight))
         return self._next_id
 
     def completed(self, request_id: int, duration_s: float | None = None) -> None:

@@ -140,7 +140,9 @@ class PoolState:
         """Count the request against `row` at once, before any scrape can see it.
 
         `remote`: another gateway replica sent it (picker.coordination): the same
-        columns count it, except `picks`, which says what this replica chose.
+        columns count it, except `picks`, which says what this replica chose; its
+        tenant counts in the fair shares as active and in flight, so a tenant's share
+        of the pool's slots holds across the replicas.
         """
         self.sync()
         self.slot_limits(slice(row, row + 1))  # a scrape's queue is read while it lasts
@@ -149,9 +151,13 @@ class PoolState:
         output = float(max(req.max_tokens, 0))
         t.inflight[row] += 1.0
         t.dispatched[row] += 1.0
-        if not remote:
+        if remote:
+            if req.tenant:  # an older replica's, or tenants off: no tenant to count
+                self.shares.seen(req.tenant, req.tenant_weight, now,
+                                 self.pool.config.saturation.fair_share_window_s)
+        else:
             t.picks[row] += 1.0
-            self.shares.dispatched(req.tenant)
+        self.shares.dispatched(req.tenant)
         t.outstanding_prefill[row] += prompt
         t.outstanding_decode[row] += output
         t.last_picked_at[row] = now
@@ -203,8 +209,7 @@ class PoolState:
         self.slot_limits(slice(row, row + 1))  # a scrape's queue is read while it lasts
         t = self.pool.table
         t.inflight[row] = max(0.0, t.inflight[row] - 1.0)
-        if not remote:
-            self.shares.completed(req.tenant)
+        self.shares.completed(req.tenant)
         if now is not None and t.scraped_at[row] < now - duration_s:
             t.dispatched[row] = max(0.0, t.dispatched[row] - 1.0)
             if self.since_stamp[row] == t.scraped_at[row]:
