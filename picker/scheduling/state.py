@@ -243,11 +243,13 @@ class PoolState:
         more in, so an underestimate climbs back to the truth.
         """
         t = self.pool.table
+        fresh = t.scraped_at[index] != self.slot_stamp[index]
+        if not fresh.any():
+            return self.slots[index]  # nothing scraped since the last look: nothing to learn
         known = self.slots[index]
         running = t.running[index]
         limited = (t.waiting[index] >= 1.0) & (
             t.kv_usage[index] < self.pool.config.saturation.kv_cache_threshold)
-        fresh = t.scraped_at[index] != self.slot_stamp[index]
         steady = fresh & limited & (self.slot_running[index] == running)
         learned = np.where(steady | (known > 0), np.maximum(known, running), known)
         self.slots[index] = learned
