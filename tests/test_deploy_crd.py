@@ -409,7 +409,7 @@ def test_schema_covers_exactly_the_picker_fields():
         "tenants",
     }
     tenants = spec["tenants"]["properties"]
-    assert set(tenants) == {"keysFile", "jwtClaim", "failureMode", "list"}
+    assert set(tenants) == {"keysFile", "jwtClaim", "failureMode", "measureUsage", "list"}
     tenant = tenants["list"]["items"]["properties"]
     assert set(tenant) == {"name", "weight", "limits", "modelLimits"}
     assert set(tenant["limits"]["properties"]) == {
