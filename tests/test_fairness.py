@@ -68,6 +68,18 @@ def _p95_ttft(result: LoadResult) -> float:
     return ttfts[int(0.95 * (len(ttfts) - 1))]
 
 
+def rates(gw, quiet_key: str, figures: Figures) -> tuple[float, float]:
+    """(quiet, noisy) request rates from the pool's capacity, measured: its slots over
+    the median latency of a light probe."""
+    probe = Load(gw.url, gw.ca, rate=3, duration=2.0, body=_body, stream=True,
+                 headers={"authorization": f"Bearer {quiet_key}"}).in_thread().result(60)
+    assert not probe.failed(), probe.summary()
+    service = sorted(o.latency for o in probe.outcomes)[len(probe.outcomes) // 2]
+    capacity = len(PODS) * SLOTS / service
+    figures["capacity_rps"] = round(capacity, 1)
+    return QUIET_LOAD * capacity, NOISY_SHARE_MULTIPLE * capacity / 2
+
+
 def test_a_noisy_tenant_leaves_a_quiet_ones_ttft_within_20_percent(stack):
     gw, keys = stack
     figures = Figures("fairness")
@@ -78,14 +90,7 @@ def test_a_noisy_tenant_leaves_a_quiet_ones_ttft_within_20_percent(stack):
                  stream=True, headers={"authorization": f"Bearer {keys['quiet']}"},
                  ).in_thread().result(60)
     assert not teach.failed(), teach.summary()
-    probe = Load(gw.url, gw.ca, rate=3, duration=2.0, body=_body, stream=True,
-                 headers={"authorization": f"Bearer {keys['quiet']}"}).in_thread().result(60)
-    assert not probe.failed(), probe.summary()
-    service = sorted(o.latency for o in probe.outcomes)[len(probe.outcomes) // 2]
-    capacity = len(PODS) * SLOTS / service
-    quiet_rate = QUIET_LOAD * capacity
-    noisy_rate = NOISY_SHARE_MULTIPLE * capacity / 2
-    figures["capacity_rps"] = round(capacity, 1)
+    quiet_rate, noisy_rate = rates(gw, keys["quiet"], figures)
 
     alone = _load(gw, keys["quiet"], quiet_rate).result(DURATION_S + 60)
     assert not alone.failed(), alone.summary()

@@ -23,13 +23,12 @@ from tests.test_coordination_support import redis_server
 from tests.test_fairness import (
     DURATION_S,
     NOISE_S,
-    NOISY_SHARE_MULTIPLE,
     PODS,
-    QUIET_LOAD,
     SLOTS,
     _body,
     _load,
     _p95_ttft,
+    rates,
 )
 from tests.test_reliability_support import Figures, Load
 
@@ -70,14 +69,7 @@ def test_a_noisy_tenant_on_two_replicas_leaves_the_quiet_one_within_20_percent(s
         teach = Load(gw.url, gw.ca, rate=200, duration=3 * len(PODS) * SLOTS / 200,
                      body=_body, stream=True, headers=quiet).in_thread().result(60)
         assert not teach.failed(), teach.summary()
-    probe = Load(gw_a.url, gw_a.ca, rate=3, duration=2.0, body=_body, stream=True,
-                 headers=quiet).in_thread().result(60)
-    assert not probe.failed(), probe.summary()
-    service = sorted(o.latency for o in probe.outcomes)[len(probe.outcomes) // 2]
-    capacity = len(PODS) * SLOTS / service
-    quiet_rate = QUIET_LOAD * capacity
-    noisy_rate = NOISY_SHARE_MULTIPLE * capacity / 2
-    figures["capacity_rps"] = round(capacity, 1)
+    quiet_rate, noisy_rate = rates(gw_a, keys["quiet"], figures)
 
     alone = _load(gw_a, keys["quiet"], quiet_rate).result(DURATION_S + 60)
     assert not alone.failed(), alone.summary()
