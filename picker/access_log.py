@@ -33,6 +33,9 @@ class AccessLogStream:
     """One Envoy worker's access log call: every batch to the ledger."""
 
     __slots__ = ("_ledger", "_stream")
+    # Envoy keeps the call open while it runs: a drain must not wait for it (the usage
+    # of requests that end during the drain still arrives on it until Envoy stops).
+    holds_drain = False
 
     def __init__(self, ledger: UsageLedger, stream: Stream) -> None:
         self._ledger = ledger

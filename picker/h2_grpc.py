@@ -622,7 +622,13 @@ class H2GrpcServer:
         )
 
     def open_streams(self) -> int:
-        return sum(len(c.streams) for c in self.connections)
+        """Streams a drain waits for: every call but those whose handler says it never
+        ends on its own (`holds_drain = False`: Envoy's access log stream, which stays
+        open as long as Envoy runs)."""
+        return sum(
+            1 for c in self.connections for st in c.streams.values()
+            if getattr(st.handler, "holds_drain", True)
+        )
 
     async def stop(self, grace: float) -> None:
         """GOAWAY every connection, let open streams finish for up to `grace` s, close."""

@@ -53,6 +53,16 @@ class Echo:
             self.stream.finish()
 
 
+class Forever(Echo):
+    """A call that never ends on its own (like Envoy's access log stream): a drain does not
+    wait for it."""
+
+    holds_drain = False
+
+
+FOREVER = "/test.Echo/Forever"
+
+
 class Server:
     """An H2GrpcServer on its own event loop thread."""
 
@@ -62,6 +72,7 @@ class Server:
         self.server = H2GrpcServer(
             {
                 ECHO: Echo,
+                FOREVER: Forever,
                 HEALTH_CHECK_PATH: lambda s: HealthCheck(
                     s, lambda name: health_pb2.HealthCheckResponse.SERVING if name == "" else None
                 ),
@@ -189,6 +200,22 @@ def test_drain_refuses_new_calls_and_lets_open_ones_finish(server: Server) -> No
         release.set()
         assert list(call) == [b"tsal"]
         stopping.result(10)
+
+
+def test_drain_does_not_wait_for_a_call_that_never_ends(server: Server) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        release = threading.Event()
+
+        def requests():
+            yield b"open"
+            release.wait(10)
+
+        forever = ch.stream_stream(FOREVER)(requests(), timeout=15)
+        assert next(forever) == b"nepo"
+        started = time.monotonic()
+        server.call(server.server.stop(grace=5.0))
+        assert time.monotonic() - started < 2.0  # not the 5 s grace
+        release.set()
 
 
 def _raw_connect(port: int) -> socket.socket:
