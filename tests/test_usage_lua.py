@@ -5,8 +5,9 @@ writes each response in pieces cut where a naive scan would miss or double count
 (inside `"completion_tokens"`, inside `data: {`), 15 ms apart so Envoy gets them
 as separate chunks. What the filter leaves in the `igw.usage` dynamic metadata is
 read from Envoy's own file access log, so every case is the real filter's output.
-The end-to-end path (Envoy's gRPC access log to the picker, the ledger, the
-metrics) is tests/test_tenants_gateway.py.
+Besides the constructed cases, every real engine stream in tests/fixtures/sse (each
+names its source) is a case. The end-to-end path (Envoy's gRPC access log to the
+picker, the ledger, the metrics) is tests/test_tenants_gateway.py.
 """
 
 from __future__ import annotations
@@ -93,6 +94,24 @@ CASES: dict[str, tuple[str, int, list[bytes], tuple[int, bool] | None]] = {
     "/error": ("application/json", 500, [json_body(5)], None),
     "/empty-stream": ("text/event-stream", 200, [DONE], None),
 }
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sse"
+
+
+def fixture_case(path: Path) -> tuple[str, int, list[bytes], tuple[int, bool]]:
+    """A real engine's stream (tests/fixtures/sse, each naming its source) and what its
+    `# expect:` line says the count is, sent one event per piece."""
+    lines = path.read_text().splitlines(keepends=True)
+    expect = next(x for x in lines if x.startswith("# expect:"))
+    tokens = int(expect.split("output_tokens")[1].split(",")[0])
+    body = "".join(x for x in lines if not x.startswith("# ")).encode()
+    events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
+    return ("text/event-stream", 200, events, (tokens, "estimated" not in expect))
+
+
+for _path in sorted(FIXTURES.glob("*.sse")):
+    CASES[f"/fixture/{_path.stem}"] = fixture_case(_path)
 
 
 @contextlib.contextmanager

@@ -6,10 +6,10 @@ it (`bodyChunks` does not buffer):
 - a `usage` object in the response (every non-streamed answer, the last event of a
   stream with `stream_options.include_usage`, every event with vLLM's
   `continuous_usage_stats`): its `completion_tokens`, exact, the last one seen;
-- a stream without one: its `data: {` events, less the closing event that carries
-  `finish_reason` and, in a chat stream, the opening role event. vLLM and SGLang
-  send one event per detokenized step, so this is an estimate (a step can hold
-  more than one token), flagged as such.
+- a stream without one: its `data: {` events less those that carry no output (the
+  opening role event, a closing event with an empty delta or text, in the formats of
+  tests/fixtures/sse), flagged as an estimate: an engine may put more than one token
+  in an event.
 The filter is igw_envoy.http_filters' `usage_filter`. The count goes into the
 `igw.usage` dynamic metadata, and Envoy's gRPC access log sends the entries that
 have one to the picker in batches (picker.access_log), so nothing is added to the
@@ -32,12 +32,32 @@ GRPC_LOG_TYPE = (
 FLUSH_INTERVAL = "0.2s"
 FLUSH_BYTES = 16384
 
-# `tail` keeps the previous chunk's last bytes, so a key or an event marker split
-# between two chunks is still seen; an event marker is counted once, in the chunk
-# where it ends.
+# `tail` keeps the previous chunk's last bytes, so a key or a marker split between two
+# chunks is still seen; a marker is counted once, in the chunk where it ends.
 USAGE_LUA = """
 local NS = "NAMESPACE"
 local TAIL = 64
+-- An event that carries no output: the opening role event, a closing event with an empty
+-- delta or text (vLLM 0.5 / 0.9 / 0.15: tests/fixtures/sse; `{}` as OpenAI closes, pasted
+-- in sashabaranov/go-openai issue #398). A closing event that carries the last token
+-- (vLLM's finish_reason "length") is not one of them.
+local EMPTY = {
+  '"delta":{}', '"delta":{"role":"assistant"}', '"delta":{"content":""}',
+  '"delta":{"role":"assistant","content":""}', '"text":""',
+}
+
+-- occurrences of `marker` in `text` that end after position `seen` (not counted before)
+local function count(text, marker, seen)
+  local n, at = 0, math.max(1, seen - #marker + 2)
+  while true do
+    local found = string.find(text, marker, at, true)
+    if found == nil then
+      return n
+    end
+    n = n + 1
+    at = found + #marker
+  end
+end
 
 function envoy_on_response(handle)
   local h = handle:headers()
@@ -45,23 +65,15 @@ function envoy_on_response(handle)
     return
   end
   local stream = string.find(h:get("content-type") or "", "text/event-stream", 1, true) ~= nil
-  local tail, events, role, reported = "", 0, false, nil
+  local tail, events, empty, reported = "", 0, 0, nil
   for chunk in handle:bodyChunks() do
     local size = chunk:length()
     if size > 0 then
       local text = tail .. chunk:getBytes(0, size)
       if stream then
-        local at = math.max(1, #tail - 5)
-        while true do
-          local found = string.find(text, "data: {", at, true)
-          if found == nil then
-            break
-          end
-          events = events + 1
-          at = found + 7
-        end
-        if not role and string.find(text, '"role":"assistant"', 1, true) then
-          role = true
+        events = events + count(text, "data: {", #tail)
+        for _, marker in ipairs(EMPTY) do
+          empty = empty + count(text, marker, #tail)
         end
       end
       if string.find(text, '"completion_tokens"', 1, true) then
@@ -81,11 +93,7 @@ function envoy_on_response(handle)
     meta:set(NS, "OUTPUT", tonumber(reported))
     meta:set(NS, "EXACT", true)
   elseif stream and events > 0 then
-    local count = events - 1
-    if role then
-      count = count - 1
-    end
-    meta:set(NS, "OUTPUT", math.max(0, count))
+    meta:set(NS, "OUTPUT", math.max(0, events - empty))
     meta:set(NS, "EXACT", false)
   end
 end
