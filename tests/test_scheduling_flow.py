@@ -250,15 +250,24 @@ def test_finished_requests_lift_the_speed_of_a_pod_that_exports_none():
     state.on_complete(0, req(1000), 0.01, ok=False, now=NOW + 0.01)
     assert not has_room(state, req(1000), NOW + 0.01)
     state.on_complete(0, req(1000), 0.01, ok=True, now=NOW + 0.01)
-    assert state.prefill_floor[0] == pytest.approx(100_000)
+    # one sample counts for at most twice the default (2,000 tokens/s), then 1.2x each:
+    # a refusal that looks fast (a huge prompt answered in 1 ms) moves it only that far
+    assert state.prefill_floor[0] == pytest.approx(2_000)
+    state.on_complete(0, req(1_000_000), 0.001, ok=True, now=NOW + 0.01)
+    assert state.prefill_floor[0] == pytest.approx(2_400)
+    for _ in range(40):
+        state.on_complete(0, req(1000), 0.01, ok=True, now=NOW + 0.01)
+    assert state.prefill_floor[0] == pytest.approx(100_000, rel=0.02)
     for _ in range(150):
         sched.on_dispatch(0, req(1000), NOW + 0.02)
     assert has_room(state, req(1000), NOW + 0.02)  # 100k tokens/s x 2 s: 200 requests
-    assert committed(state, NOW + 0.02).saturation == pytest.approx(152_000 / 200_000)
+    work = float(committed_tokens(state, np.arange(1)).sum())
+    floor = state.prefill_floor[0]
+    assert committed(state, NOW + 0.02).saturation == pytest.approx(work / (2 * floor))
     # a learned speed above the floor is used as it is
     pool.table.prefill_tps[0] = 500_000.0
     state.invalidate_speeds()
-    assert committed(state, NOW + 0.02).saturation == pytest.approx(152_000 / 1_000_000)
+    assert committed(state, NOW + 0.02).saturation == pytest.approx(work / 1_000_000)
 
 
 def test_bound_off_and_cached_prefixes():

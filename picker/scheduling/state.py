@@ -25,6 +25,8 @@ POOL_EWMA_ALPHA = 0.05
 # Used until a pool has learned anything: deliberately slow, so a pod with
 # unknown speed is never preferred for being "fast".
 DEFAULT_PREFILL_TPS = 1000.0
+# A finished request's sample counts for at most this many times the current floor.
+FLOOR_GROWTH = 2.0
 DEFAULT_DECODE_STEP_S = 0.03
 DEFAULT_PROMPT_TOKENS = 512.0
 DEFAULT_OUTPUT_TOKENS = 256.0
@@ -221,9 +223,20 @@ class PoolState:
         sample_s = origin_duration_s if remote else duration_s
         if ok and sample_s is not None and tokens > 0 and sample_s > 0:
             self.spt[row] = _ewma(self.spt[row], sample_s / tokens, POD_EWMA_ALPHA)
-            uncached = max(req.prompt_tokens, 0) * (1.0 - self.cached_share[row])
-            self.prefill_floor[row] = _ewma(self.prefill_floor[row], uncached / sample_s,
-                                            POD_EWMA_ALPHA)
+            self._learn_floor(row, req, sample_s)
+
+    def _learn_floor(self, row: int, req: SchedulingRequest, duration_s: float) -> None:
+        """One finished request's proof of speed, uncached prompt over duration, folded
+        into the row's floor; a sample counts for at most twice the floor (or the
+        default speed), so the floor grows at most 1.2x per request. The gateway does not
+        see a response's status (no response phase), so a request an engine refused at
+        once (a 400 for a prompt too long, a 500) looks like a fast one: the cap keeps a
+        few of those from lifting the floor far; sustained fast answers, a fast pod,
+        still lift it within tens of requests."""
+        uncached = max(req.prompt_tokens, 0) * (1.0 - self.cached_share[row])
+        floor = self.prefill_floor[row]
+        sample = min(uncached / duration_s, FLOOR_GROWTH * max(floor, DEFAULT_PREFILL_TPS))
+        self.prefill_floor[row] = _ewma(floor, sample, POD_EWMA_ALPHA)
 
     # -- derived signals ------------------------------------------------------------
 
