@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,6 +319,8 @@ def _typed(value: Any, kind: type | tuple[type, ...], path: str) -> Any:
 
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    if isinstance(kind, types.UnionType):  # `int | float`: name each member
+        return kind.__args__
     return kind if isinstance(kind, tuple) else (kind,)
 
 
@@ -721,17 +724,24 @@ def _check_tenants(
                 )
 
 
-def _gateway_fields(f: _Fields) -> dict[str, Any]:
-    """Our additions at spec level, for running outside Kubernetes."""
-    d = GatewayConfig(schedulers=())
+def listener_fields(f: _Fields, address: str, port: int) -> tuple[str, int]:
+    """`listener: {address, port}` of a spec (the gateway's and the global router's):
+    an IP address and a port, defaulting to the given ones."""
     listener = _Fields(f.take("listener"), f.at("listener"))
-    address = _typed(listener.take("address", d.listen_address), str, listener.at("address"))
+    address = _typed(listener.take("address", address), str, listener.at("address"))
     try:
         ipaddress.ip_address(address)
     except ValueError:
         raise ConfigError(f"{listener.at('address')}: not an IP address: {address!r}") from None
-    port = _port(listener.take("port", d.listen_port), listener.at("port"))
+    port = _port(listener.take("port", port), listener.at("port"))
     listener.done()
+    return address, port
+
+
+def _gateway_fields(f: _Fields) -> dict[str, Any]:
+    """Our additions at spec level, for running outside Kubernetes."""
+    d = GatewayConfig(schedulers=())
+    address, port = listener_fields(f, d.listen_address, d.listen_port)
     ports = _Fields(f.take("ports"), f.at("ports"))
     picker_port = _port(ports.take("picker", d.picker_port), ports.at("picker"))
     admin_port = _port(ports.take("admin", d.admin_port), ports.at("admin"))
@@ -759,6 +769,29 @@ def _gateway_fields(f: _Fields) -> dict[str, Any]:
     }
 
 
+# Kubernetes object metadata that says nothing about routing: accepted, not used.
+_IGNORED_METADATA = (
+    "labels",
+    "annotations",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "managedFields",
+)
+
+
+def metadata_fields(top: _Fields, name: str, namespace: str) -> tuple[str, str]:
+    """`metadata.name` and `metadata.namespace` (Kubernetes' other metadata ignored)."""
+    meta = _Fields(top.take("metadata"), "metadata")
+    name = _typed(meta.take("name", name), str, "metadata.name")
+    namespace = _typed(meta.take("namespace", namespace), str, "metadata.namespace")
+    for ignored in _IGNORED_METADATA:
+        meta.take(ignored)
+    meta.done()
+    return name, namespace
+
+
 def parse_config(doc: Any) -> GatewayConfig:
     """Build a validated config from a parsed YAML/JSON document."""
     top = _Fields(doc, "")
@@ -767,21 +800,8 @@ def parse_config(doc: Any) -> GatewayConfig:
         raise ConfigError(f"apiVersion: must be one of {', '.join(API_VERSIONS)}; got {api!r}")
     if top.take("kind") != KIND:
         raise ConfigError(f"kind: must be {KIND}")
-    meta = _Fields(top.take("metadata"), "metadata")
     d = GatewayConfig(schedulers=())
-    name = _typed(meta.take("name", d.name), str, "metadata.name")
-    namespace = _typed(meta.take("namespace", d.namespace), str, "metadata.namespace")
-    for ignored in (
-        "labels",
-        "annotations",
-        "uid",
-        "resourceVersion",
-        "generation",
-        "creationTimestamp",
-        "managedFields",
-    ):
-        meta.take(ignored)
-    meta.done()
+    name, namespace = metadata_fields(top, d.name, d.namespace)
     top.take("status")
     spec = _Fields(top.take("spec"), "spec")
     top.done()
@@ -802,18 +822,26 @@ def parse_config(doc: Any) -> GatewayConfig:
 
 def load_config(path: str | Path) -> GatewayConfig:
     """Read and validate a config file; every problem is a one-line ConfigError."""
+    return load_config_text(read_text(path))
+
+
+def read_text(path: str | Path) -> str:
+    """A config file's text, or a ConfigError naming the file."""
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    return load_config_text(text)
 
 
-def load_config_text(text: str) -> GatewayConfig:
+def yaml_document(text: str) -> Any:
+    """The parsed YAML document, or a ConfigError naming the line."""
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    return parse_config(doc)
+
+
+def load_config_text(text: str) -> GatewayConfig:
+    return parse_config(yaml_document(text))
