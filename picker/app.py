@@ -22,6 +22,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.core import Metric
 
+from contract import headers as hdr
 from contract.config import GatewayConfig
 from igw_envoy.eds import write_endpoints
 from igw_envoy.xds import write_dynamic
@@ -36,6 +37,7 @@ from picker.envoy_admin import EnvoyAdmin
 from picker.gateway_metrics import GatewayMetrics, process_families
 from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HealthCheck
 from picker.handlers import ExtProcHandler
+from picker.load_summary import LoadSummary
 from picker.outliers import OutlierFollower
 from picker.reload import ConfigReloader, load_initial
 from picker.tenants.limits import Limiter
@@ -76,6 +78,8 @@ class PickerApp:
         )
         self.director = Director(self.datastore, self.metrics, limiter=self.limiter)
         self.collector = Collector(self.datastore)
+        # What the global router reads (Tier 2): rebuilt in the background, served as is.
+        self.summary = LoadSummary(self.director, config.name)
         self.envoy = EnvoyAdmin(config.envoy_admin_port)
         self.outliers = OutlierFollower(self.datastore, self.envoy)
         self.metrics.attach_routing(self.director, self.collector.counters)
@@ -131,6 +135,8 @@ class PickerApp:
         self._tasks.append(asyncio.create_task(watch_config, name="igw-config-watch"))
         watch_outliers = self.outliers.watch(self._stopping)
         self._tasks.append(asyncio.create_task(watch_outliers, name="igw-outliers"))
+        summary = self.summary.run(self._stopping)
+        self._tasks.append(asyncio.create_task(summary, name="igw-load-summary"))
         log.info(
             "picker serving ext_proc=%s:%d admin=%s:%d metrics=%s:%d pools=%s",
             self.host,
@@ -218,6 +224,7 @@ class PickerApp:
     async def stop_serving(self) -> None:
         """Both health ports say NOT_SERVING from now on (the first step of `stop`)."""
         self._stopping.set()
+        self.summary.stop_serving()
         await self._publish_health()
 
     async def _start_admin(self) -> grpc.aio.Server:
@@ -233,6 +240,7 @@ class PickerApp:
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._serve_health)
+        app.router.add_get(hdr.LOAD_SUMMARY_PATH, self._serve_summary)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, self.metrics_host, self.config.metrics_port).start()
@@ -240,6 +248,15 @@ class PickerApp:
 
     async def _serve_metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+
+    async def _serve_summary(self, _request: web.Request) -> web.Response:
+        """The load summary as last built (503 while draining, so health checks fail)."""
+        return web.Response(
+            body=self.summary.body,
+            status=200 if self.summary.serving else 503,
+            content_type="application/json",
+            headers={"cache-control": "no-store"},
+        )
 
     async def _serve_health(self, _request: web.Request) -> web.Response:
         serving = self._serving("") == health_pb2.HealthCheckResponse.SERVING

@@ -23,6 +23,7 @@ LEAST_REQUEST_TYPE = (
     "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"
 )
 PICKER_CLUSTER = "picker"
+PICKER_HTTP_CLUSTER = "picker_http"
 # Many concurrent LLM requests are normal (long streams); Envoy's default of
 # 1024 per cluster would turn a busy pool into 503s (overflow).
 CIRCUIT_LIMIT = 100_000
@@ -157,18 +158,32 @@ def picker_cluster(host: str, port: int) -> dict:
                 },
             }
         },
-        "load_assignment": {
-            "cluster_name": PICKER_CLUSTER,
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {"socket_address": {"address": host, "port_value": port}}
-                            }
-                        }
-                    ]
-                }
-            ],
-        },
+        "load_assignment": static_assignment(PICKER_CLUSTER, [(host, port)]),
     }
+
+
+def picker_http_cluster(host: str, port: int) -> dict:
+    """The picker's plain HTTP server (metrics port), for the load summary route:
+    static, HTTP/1.1, the picker's short connect timeout."""
+    return {
+        "name": PICKER_HTTP_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": PICKER_CONNECT_TIMEOUT,
+        "load_assignment": static_assignment(PICKER_HTTP_CLUSTER, [(host, port)]),
+    }
+
+
+def static_assignment(
+    cluster: str, hosts: list[tuple[str, int]], metadata: list[dict] | None = None
+) -> dict:
+    """A STATIC cluster's `load_assignment`: one locality, these hosts in order, each with
+    its endpoint metadata when given."""
+    endpoints = []
+    for i, (host, port) in enumerate(hosts):
+        endpoint: dict = {
+            "endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}
+        }
+        if metadata is not None:
+            endpoint["metadata"] = metadata[i]
+        endpoints.append(endpoint)
+    return {"cluster_name": cluster, "endpoints": [{"lb_endpoints": endpoints}]}

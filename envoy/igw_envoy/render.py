@@ -21,7 +21,7 @@ import yaml
 
 from contract.config import ConfigError, GatewayConfig, load_config
 from igw_envoy.binary import validate_config
-from igw_envoy.clusters import picker_cluster
+from igw_envoy.clusters import picker_cluster, picker_http_cluster
 from igw_envoy.eds import cluster_name, eds_path, write_endpoints
 from igw_envoy.jwt import jwks_cluster
 from igw_envoy.listener import ListenerInputs, listener
@@ -99,7 +99,11 @@ def render_bootstrap(config: GatewayConfig, paths: RenderPaths, *, dynamic: bool
     add or remove pools without restarting Envoy.
     """
     picker_host, _, picker_port = paths.picker_address.rpartition(":")
-    clusters = [picker_cluster(picker_host.strip("[]"), int(picker_port))]
+    picker_host = picker_host.strip("[]")
+    clusters = [
+        picker_cluster(picker_host, int(picker_port)),
+        picker_http_cluster(picker_host, config.metrics_port),
+    ]
     if not dynamic:
         clusters += pool_clusters(config, paths.eds_dir)
     if config.jwt is not None and config.jwt.jwks_uri:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from bbr.request import API_PATHS
 from contract import headers
 from contract.config import GatewayConfig, SchedulerConfig
+from igw_envoy.clusters import PICKER_HTTP_CLUSTER
 from igw_envoy.eds import cluster_name
 from igw_envoy.http_filters import BUFFER, EXT_PROC, FALLBACK, PROCESSING_MODE, needs_fallback
 from igw_envoy.jwt import HEALTH_PATH
@@ -71,6 +72,19 @@ def health_route() -> dict:
         "name": "healthz",
         "match": {"path": HEALTH_PATH, "headers": [_exact(":method", "GET")]},
         "direct_response": {"status": 200, "body": {"inline_string": "ok\n"}},
+        "typed_per_filter_config": {EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "disabled": True}},
+    }
+
+
+def load_summary_route() -> dict:
+    """The picker's load summary for the global router (picker.load_summary), on the
+    same TLS listener as the traffic: one endpoint and one CA per region, and the RTT
+    the global router measures on it is the traffic's. Served by the picker's HTTP
+    server without ext_proc (nothing to route) and, like /healthz, without a token."""
+    return {
+        "name": "load_summary",
+        "match": {"path": headers.LOAD_SUMMARY_PATH, "headers": [_exact(":method", "GET")]},
+        "route": {"cluster": PICKER_HTTP_CLUSTER, "timeout": "2s"},
         "typed_per_filter_config": {EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "disabled": True}},
     }
 
@@ -207,7 +221,7 @@ def route_config(config: GatewayConfig) -> dict:
     """Health check, one route per pool on the picker's answer, the picker-less
     fallback routes (fail-open, several pools), the one-message routes, then the
     fallback."""
-    routes = [health_route()]
+    routes = [health_route(), load_summary_route()]
     tenants = config.tenants is not None
     routes += [pool_route(pool, config.max_fallbacks, tenants) for pool in config.schedulers]
     if needs_fallback(config):
