@@ -52,6 +52,7 @@ from contract.config import (
     read_text,
     yaml_document,
 )
+from contract.endpoints import EndpointError, resolve_endpoint
 
 KIND = "GlobalRouterConfig"
 POLICIES = ("cheapest-within-slo", "fastest")
@@ -148,6 +149,16 @@ class GlobalRouterConfig:
 
     def policy_for(self, model: str) -> ModelPolicy:
         return next((p for p in self.models if p.model == model), self.default_policy)
+
+
+def region_address(region: RegionConfig) -> str:
+    """The region's `ip:port`, spelt as Envoy's override_host matches it: the router's
+    answer and the rendered regions cluster must agree (contract.endpoints). A name with
+    several addresses uses the first; an unresolvable one is kept as written."""
+    try:
+        return resolve_endpoint(region.endpoint)[0]
+    except EndpointError:
+        return region.endpoint
 
 
 def _region_name(value: Any, path: str) -> str:

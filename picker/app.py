@@ -28,7 +28,6 @@ from igw_envoy.eds import write_endpoints
 from igw_envoy.xds import write_dynamic
 from picker.admin import AdminService
 from picker.coordination import Coordinator
-from picker.coordination.bus import BusError, read_password, redis_client
 from picker.datalayer.collector import Collector
 from picker.datastore import Datastore
 from picker.director import Director
@@ -158,21 +157,10 @@ class PickerApp:
             return
         watch_keys = self.director.tenants.watch(self._stopping)
         self._tasks.append(asyncio.create_task(watch_keys, name="igw-tenant-keys"))
-        settings = self.config.coordination
-        if settings is None:
-            await self.limiter.start(None, "")
-            return
-        try:
-            password = read_password(settings.password_file)
-        except BusError as exc:
-            log.error("tenant limits not shared (each replica enforces them alone): %s", exc)
-            await self.limiter.start(None, "")
-            return
-        await self.limiter.start(
-            lambda: redis_client(settings, password, settings.timeout_s, 2),
+        await self.limiter.start_shared(
+            self.config.coordination,
             self.config.coordination_prefix,
             replica=self.coordination.replica if self.coordination is not None else None,
-            timeout_s=settings.timeout_s,
         )
 
     async def start_discovery(self) -> None:

@@ -35,7 +35,7 @@ PICKER_CONNECT_TIMEOUT = "0.25s"
 UPSTREAM_IDLE_TIMEOUT = "4s"
 
 
-def _thresholds(max_retries: int) -> dict:
+def thresholds(max_retries: int) -> dict:
     return {
         "thresholds": [
             {
@@ -49,7 +49,7 @@ def _thresholds(max_retries: int) -> dict:
     }
 
 
-def _lb_policy() -> dict:
+def override_host_policy() -> dict:
     """override_host from the picker's `envoy.lb` metadata, else least-request."""
     sources = [
         {
@@ -133,8 +133,8 @@ def pool_cluster(name: str, eds_dir: Path, buffer_limit: int, max_fallbacks: int
         },
         "connect_timeout": POOL_CONNECT_TIMEOUT,
         "per_connection_buffer_limit_bytes": buffer_limit,
-        "load_balancing_policy": _lb_policy(),
-        "circuit_breakers": _thresholds(max_retries=max(1000, max_fallbacks * 1000)),
+        "load_balancing_policy": override_host_policy(),
+        "circuit_breakers": thresholds(max_retries=max(1000, max_fallbacks * 1000)),
         "typed_extension_protocol_options": _http1_options(),
         "outlier_detection": _outlier_detection(),
     }
@@ -147,7 +147,7 @@ def picker_cluster(host: str, port: int) -> dict:
         "name": PICKER_CLUSTER,
         "type": "STATIC",
         "connect_timeout": PICKER_CONNECT_TIMEOUT,
-        "circuit_breakers": _thresholds(max_retries=3),
+        "circuit_breakers": thresholds(max_retries=3),
         "typed_extension_protocol_options": {
             UPSTREAM_HTTP_OPTIONS: {
                 "@type": f"type.googleapis.com/{UPSTREAM_HTTP_OPTIONS}",

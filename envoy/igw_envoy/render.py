@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from contract.config import ConfigError, GatewayConfig, load_config
+from contract.global_config import GlobalRouterConfig
 from igw_envoy.binary import validate_config
 from igw_envoy.clusters import picker_cluster, picker_http_cluster
 from igw_envoy.eds import cluster_name, eds_path, write_endpoints
@@ -65,7 +66,7 @@ class RenderPaths:
 
 
 def default_paths(
-    config: GatewayConfig,
+    config: GatewayConfig | GlobalRouterConfig,
     state_dir: Path,
     *,
     access_log: str | None = None,
@@ -191,7 +192,7 @@ def write_bootstrap(
         jwt_base_dir=jwt_base_dir,
     )
     paths.state_dir.mkdir(parents=True, exist_ok=True)
-    tls_files = _ensure_certificate(config, paths)
+    tls_files = ensure_certificate(config, paths)
     watched = reload_dir(tls_files.cert.parent) if tls_files.ca_cert is not None else None
     write_secret(paths.sds_dir, paths.cert, paths.key, watched_dir=watched)
     for sched in config.schedulers:
@@ -213,7 +214,7 @@ def write_bootstrap(
     return paths.bootstrap
 
 
-def certificate_hosts(config: GatewayConfig) -> tuple[str, ...]:
+def certificate_hosts(config: GatewayConfig | GlobalRouterConfig) -> tuple[str, ...]:
     """Names the generated certificate covers: loopback, the listen address, this host."""
     hosts = ["localhost", "127.0.0.1", "::1"]
     if config.listen_address not in _ANY_ADDRESS:
@@ -224,7 +225,9 @@ def certificate_hosts(config: GatewayConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(hosts))
 
 
-def _ensure_certificate(config: GatewayConfig, paths: RenderPaths) -> TlsFiles:
+def ensure_certificate(config: GatewayConfig | GlobalRouterConfig, paths: RenderPaths
+                       ) -> TlsFiles:
+    """The listener's certificate: the configured files, else a generated self-signed one."""
     if config.tls.certificate_file and config.tls.key_file:
         for path in (paths.cert, paths.key):
             if not path.is_file():

@@ -137,7 +137,11 @@ def one_message_route(config: GatewayConfig, path: str) -> dict:
     chunked body, a declared size over the limit) takes the two-message path,
     where the picker decides from the headers alone, before the body is read.
     """
-    limit = config.bbr.max_request_body_bytes
+    return one_message_route_for(config.bbr.max_request_body_bytes, path, _no_pool_action(config))
+
+
+def one_message_route_for(limit: int, path: str, action: dict) -> dict:
+    """`one_message_route` with its action given (the global router's goes to regions)."""
     size = {"safe_regex": {"regex": decimal_at_most(limit)}}
     overrides = {"processing_mode": {**PROCESSING_MODE, "request_header_mode": "SKIP"}}
     return {
@@ -149,7 +153,7 @@ def one_message_route(config: GatewayConfig, path: str) -> dict:
                 {"name": "content-length", "string_match": size},
             ],
         },
-        **_no_pool_action(config),
+        **action,
         "typed_per_filter_config": {
             EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "overrides": overrides},
             # A per-route config turns the disabled filter on. (A bare FilterConfig
