@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract import headers
 from contract.config import GatewayConfig
 from igw_envoy import replies
 from igw_envoy.downstream_tls import downstream_tls
@@ -89,7 +90,7 @@ def http_connection_manager(config: GatewayConfig, inputs: ListenerInputs) -> di
         "http_filters": http_filters(config, inputs.jwt_base_dir),
         **_routes(config, inputs),
         "local_reply_config": replies.local_reply_config(config.bbr.max_request_body_bytes),
-        "access_log": replies.access_log(inputs.access_log_path),
+        "access_log": replies.access_log(inputs.access_log_path, headers.LOAD_SUMMARY_PATH),
     }
 
 
