@@ -3,10 +3,10 @@
     python -m bench.global_overhead [--duration 8]
 
 Backend: bench/echo_server.py (a one-token answer that costs nothing). In front of it a
-real Tier-1 gateway (`igw serve`, one pool, admission off), and in front of that the real global tier
-(`igw global serve`, one region: that gateway). Same run, alternating: wrk (bench.overhead's
-1 KB non-streaming chat body) against the Tier-1 listener directly, then against the
-global listener, at 1 and 8 connections. Per point: latency p50/p99, requests/s, and CPU
+real Tier-1 gateway (`igw serve`, one pool, admission off), and in front of that the real
+global tier (`igw global serve`, one region: that gateway). Same run, alternating: wrk
+(bench.overhead's 1 KB non-streaming chat body) against the Tier-1 listener directly, then
+against the global listener, at 1 and 8 connections. Per point: latency p50/p99, requests/s, and CPU
 per request of each process (Tier-1 picker and Envoy; global router and its Envoy).
 The figure #18 asks for: the global tier's added p50 and CPU per request (router +
 Envoy) against the Tier-1 gateway's own (picker + Envoy, measured on the direct run).

@@ -104,3 +104,17 @@ def test_the_filter_chain_strips_then_asks_the_router(bootstrap: dict) -> None:
     assert ext_proc["failure_mode_allow"] is False
     assert _clusters(bootstrap)["picker"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0][
         "endpoint"]["address"]["socket_address"]["port_value"] == 9012
+
+
+def test_with_tenants_the_limits_are_answered_and_the_key_kept(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("")
+    config = _config(tmp_path, tenants={"keysFile": str(keys), "list": [{"name": "acme"}]})
+    path = write_global_bootstrap(config, tmp_path / "state")
+    validate_config(path)
+    host = _hcm(yaml.safe_load(path.read_text()))["route_config"]["virtual_hosts"][0]
+    assert host["request_headers_to_remove"] == [hdr.AUTHORIZATION]
+    added = {h["header"]["key"] for h in host["routes"][-1]["response_headers_to_add"]}
+    assert added == {hdr.REGION, *hdr.RATE_LIMIT_HEADERS}
+    ext_proc = _hcm(yaml.safe_load(path.read_text()))["http_filters"][1]["typed_config"]
+    assert f"request.headers['{hdr.AUTHORIZATION}']" in ext_proc["request_attributes"]

@@ -51,7 +51,12 @@ from igw_envoy.render import (
     overload_manager,
     to_yaml,
 )
-from igw_envoy.routes import health_route, one_message_route_for, retry_policy
+from igw_envoy.routes import (
+    health_route,
+    one_message_route_for,
+    rate_limit_headers,
+    retry_policy,
+)
 from igw_envoy.sds import write_secret
 from igw_envoy.tls import reload_dir
 from igw_envoy.upstream_tls import upstream_tls
@@ -163,13 +168,18 @@ def global_route_config(config: GlobalRouterConfig) -> dict:
     """Health, the one-message inference routes, then everything else (two messages:
     the router answers what the headers alone decide, as Tier 1's picker does)."""
     limit = config.bbr.max_request_body_bytes
-    action = {"route": region_route_action(config), "response_headers_to_add": _served_by()}
+    answer = _served_by()
+    if config.tenants is not None:
+        answer += rate_limit_headers()
+    action = {"route": region_route_action(config), "response_headers_to_add": answer}
     routes = [health_route()]
     routes += [one_message_route_for(limit, path, action) for path in API_PATHS]
     routes.append({"name": "regions", "match": {"prefix": "/"}, **action})
-    return {"name": "global", "virtual_hosts": [
-        {"name": "global", "domains": ["*"], "routes": routes}
-    ]}
+    host: dict = {"name": "global", "domains": ["*"], "routes": routes}
+    if config.tenants is not None:
+        # The key is the global tier's; a region's own credentials are its business.
+        host["request_headers_to_remove"] = [headers.AUTHORIZATION]
+    return {"name": "global", "virtual_hosts": [host]}
 
 
 def global_listener(config: GlobalRouterConfig, paths: RenderPaths) -> dict:
