@@ -14,9 +14,10 @@ from __future__ import annotations
 import ipaddress
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -53,6 +54,7 @@ _CLAIM_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+T = TypeVar("T")
 
 
 def is_tenant_name(name: object) -> bool:
@@ -536,12 +538,19 @@ def _scheduler(data: Any, path: str) -> SchedulerConfig:
     )
 
 
-def _schedulers(data: Any, path: str) -> tuple[SchedulerConfig, ...]:
+def parse_list(data: Any, path: str, parse: Callable[[Any, str], T], most: int, what: str
+               ) -> tuple[T, ...]:
+    """A required, non-empty list of at most `most` entries, each parsed by
+    `parse(entry, "path[i]")`."""
     if not isinstance(data, list) or not data:
-        raise ConfigError(f"{path}: required, a non-empty list")
-    if len(data) > MAX_SCHEDULERS:
-        raise ConfigError(f"{path}: at most {MAX_SCHEDULERS} schedulers, got {len(data)}")
-    schedulers = tuple(_scheduler(s, f"{path}[{i}]") for i, s in enumerate(data))
+        raise ConfigError(f"{path}: required, a non-empty list of {what}")
+    if len(data) > most:
+        raise ConfigError(f"{path}: at most {most} {what}, got {len(data)}")
+    return tuple(parse(entry, f"{path}[{i}]") for i, entry in enumerate(data))
+
+
+def _schedulers(data: Any, path: str) -> tuple[SchedulerConfig, ...]:
+    schedulers = parse_list(data, path, _scheduler, MAX_SCHEDULERS, "schedulers")
     _check_unique(schedulers, path)
     return schedulers
 
@@ -647,6 +656,30 @@ def _rate_limits(data: Any, path: str) -> RateLimits:
     return RateLimits(**values)
 
 
+def model_mapping(data: Any, path: str, parse: Callable[[Any, str], T]) -> dict[str, T]:
+    """A mapping keyed by requested model names (non-empty strings), each value parsed by
+    `parse(value, path)`: a tenant's `modelLimits`, a region's `costs`."""
+    models = _Fields(data, path)
+    out = {}
+    for model in models.remaining():
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"{models.path}: model names must be non-empty strings: {model!r}")
+        out[model] = parse(models.take(model), models.at(model))
+    return out
+
+
+def check_unique(items: tuple[Any, ...], attr: str, path: str, field_name: str) -> None:
+    """No two `items` share `getattr(item, attr)`; the error names both places."""
+    seen: dict[Any, int] = {}
+    for i, item in enumerate(items):
+        value = getattr(item, attr)
+        if value in seen:
+            raise ConfigError(
+                f"{path}[{i}].{field_name}: duplicate {value!r} (also {path}[{seen[value]}])"
+            )
+        seen[value] = i
+
+
 def _tenant(data: Any, path: str) -> TenantConfig:
     f = _Fields(data, path)
     name = f.take("name")
@@ -658,12 +691,7 @@ def _tenant(data: Any, path: str) -> TenantConfig:
     d = TenantConfig(name=name)
     weight = _number(f.take("weight", d.weight), f.at("weight"), 0.001, 1000)
     limits = _rate_limits(f.take("limits"), f.at("limits"))
-    models = _Fields(f.take("modelLimits"), f.at("modelLimits"))
-    model_limits = {}
-    for model in models.remaining():
-        if not isinstance(model, str) or not model:
-            raise ConfigError(f"{models.path}: model names must be non-empty strings: {model!r}")
-        model_limits[model] = _rate_limits(models.take(model), models.at(model))
+    model_limits = model_mapping(f.take("modelLimits"), f.at("modelLimits"), _rate_limits)
     f.done()
     return TenantConfig(name=name, weight=weight, limits=limits, model_limits=model_limits)
 
@@ -687,14 +715,7 @@ def _tenants(data: Any, path: str) -> TenantsConfig | None:
     if len(raw) > MAX_TENANTS:
         raise ConfigError(f"{f.at('list')}: at most {MAX_TENANTS} tenants, got {len(raw)}")
     tenants = tuple(_tenant(t, f"{f.at('list')}[{i}]") for i, t in enumerate(raw))
-    seen: dict[str, int] = {}
-    for i, tenant in enumerate(tenants):
-        if tenant.name in seen:
-            raise ConfigError(
-                f"{f.at('list')}[{i}].name: duplicate {tenant.name!r} "
-                f"(also {f.at('list')}[{seen[tenant.name]}])"
-            )
-        seen[tenant.name] = i
+    check_unique(tenants, "name", f.at("list"), "name")
     if (keys_file is None) == (claim is None):
         raise ConfigError(f"{path}: exactly one of keysFile or jwtClaim is required")
     return TenantsConfig(
@@ -792,19 +813,26 @@ def metadata_fields(top: _Fields, name: str, namespace: str) -> tuple[str, str]:
     return name, namespace
 
 
-def parse_config(doc: Any) -> GatewayConfig:
-    """Build a validated config from a parsed YAML/JSON document."""
+def open_document(doc: Any, kind: str, name: str, namespace: str) -> tuple[str, str, _Fields]:
+    """Check `apiVersion` and `kind`, read the metadata (defaults: `name`, `namespace`),
+    and return them with the `spec` mapping to read field by field (`status` ignored)."""
     top = _Fields(doc, "")
     api = top.take("apiVersion")
     if api not in API_VERSIONS:
         raise ConfigError(f"apiVersion: must be one of {', '.join(API_VERSIONS)}; got {api!r}")
-    if top.take("kind") != KIND:
-        raise ConfigError(f"kind: must be {KIND}")
-    d = GatewayConfig(schedulers=())
-    name, namespace = metadata_fields(top, d.name, d.namespace)
+    if top.take("kind") != kind:
+        raise ConfigError(f"kind: must be {kind}")
+    name, namespace = metadata_fields(top, name, namespace)
     top.take("status")
     spec = _Fields(top.take("spec"), "spec")
     top.done()
+    return name, namespace, spec
+
+
+def parse_config(doc: Any) -> GatewayConfig:
+    """Build a validated config from a parsed YAML/JSON document."""
+    d = GatewayConfig(schedulers=())
+    name, namespace, spec = open_document(doc, KIND, d.name, d.namespace)
     tls = _tls(spec.take("tls"), "spec.tls")
     bbr = _bbr(spec.take("bbr"), "spec.bbr")
     jwt = _auth(spec.take("auth"), "spec.auth")

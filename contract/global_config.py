@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from contract.config import (
-    API_VERSIONS,
     FAILURE_MODES,
     BbrConfig,
     ConfigError,
@@ -46,9 +45,12 @@ from contract.config import (
     _tenants,
     _tls,
     _typed,
+    check_unique,
     listener_fields,
-    metadata_fields,
+    model_mapping,
+    open_document,
     parse_duration,
+    parse_list,
     read_text,
     yaml_document,
 )
@@ -202,12 +204,7 @@ def _region(data: Any, path: str) -> RegionConfig:
     ca_file = _optional_text(f, "caFile")
     server_name = _optional_text(f, "serverName")
     tags = _tags(f.take("tags"), f.at("tags"))
-    costs_f = _Fields(f.take("costs"), f.at("costs"))
-    costs = {}
-    for model in costs_f.remaining():
-        if not isinstance(model, str) or not model:
-            raise ConfigError(f"{costs_f.path}: model names must be non-empty strings: {model!r}")
-        costs[model] = _cost(costs_f.take(model), costs_f.at(model))
+    costs = model_mapping(f.take("costs"), f.at("costs"), _cost)
     drain = _typed(f.take("drain", False), bool, f.at("drain"))
     f.done()
     return RegionConfig(
@@ -217,20 +214,9 @@ def _region(data: Any, path: str) -> RegionConfig:
 
 
 def _regions(data: Any, path: str) -> tuple[RegionConfig, ...]:
-    if not isinstance(data, list) or not data:
-        raise ConfigError(f"{path}: required, a non-empty list of regions")
-    if len(data) > MAX_REGIONS:
-        raise ConfigError(f"{path}: at most {MAX_REGIONS} regions, got {len(data)}")
-    regions = tuple(_region(r, f"{path}[{i}]") for i, r in enumerate(data))
-    for attr in ("name", "endpoint"):
-        seen: dict[str, int] = {}
-        for i, region in enumerate(regions):
-            value = getattr(region, attr)
-            if value in seen:
-                raise ConfigError(
-                    f"{path}[{i}].{attr}: duplicate {value!r} (also {path}[{seen[value]}])"
-                )
-            seen[value] = i
+    regions = parse_list(data, path, _region, MAX_REGIONS, "regions")
+    check_unique(regions, "name", path, "name")
+    check_unique(regions, "endpoint", path, "endpoint")
     _check_cost_units(regions, path)
     return regions
 
@@ -278,13 +264,7 @@ def _models(data: Any, path: str) -> tuple[ModelPolicy, ...]:
     if len(data) > MAX_MODELS:
         raise ConfigError(f"{path}: at most {MAX_MODELS} models, got {len(data)}")
     models = tuple(_policy(m, f"{path}[{i}]", named=True) for i, m in enumerate(data))
-    seen: dict[str, int] = {}
-    for i, policy in enumerate(models):
-        if policy.model in seen:
-            raise ConfigError(
-                f"{path}[{i}].name: duplicate {policy.model!r} (also {path}[{seen[policy.model]}])"
-            )
-        seen[policy.model] = i
+    check_unique(models, "model", path, "name")
     return models
 
 
@@ -345,17 +325,8 @@ def _ports(f: _Fields, d: GlobalRouterConfig) -> dict[str, int]:
 
 def parse_global_config(doc: Any) -> GlobalRouterConfig:
     """Build a validated global router config from a parsed YAML/JSON document."""
-    top = _Fields(doc, "")
-    api = top.take("apiVersion")
-    if api not in API_VERSIONS:
-        raise ConfigError(f"apiVersion: must be one of {', '.join(API_VERSIONS)}; got {api!r}")
-    if top.take("kind") != KIND:
-        raise ConfigError(f"kind: must be {KIND}")
     d = GlobalRouterConfig(regions=())
-    name, namespace = metadata_fields(top, d.name, d.namespace)
-    top.take("status")
-    spec = _Fields(top.take("spec"), "spec")
-    top.done()
+    name, namespace, spec = open_document(doc, KIND, d.name, d.namespace)
     regions = _regions(spec.take("regions"), "spec.regions")
     models = _models(spec.take("models"), "spec.models")
     default = _policy(spec.take("defaultPolicy"), "spec.defaultPolicy", named=False)

@@ -6,14 +6,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import sys
 from pathlib import Path
 
-from contract.config import ConfigError
 from globalrouter.app import GlobalRouterApp
-from picker.__main__ import _loop_factory
+from picker.__main__ import run_process
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,19 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address its ports bind")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    return run_process(
+        "globalrouter", args.log_level, lambda: GlobalRouterApp(args.config, host=args.host)
     )
-    try:
-        app = GlobalRouterApp(args.config, host=args.host)
-    except ConfigError as exc:
-        print(f"globalrouter: invalid config: {exc}", file=sys.stderr)
-        return 2
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(app.run_until_signalled())
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

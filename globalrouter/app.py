@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from pathlib import Path
 
@@ -22,7 +21,12 @@ from contract.global_config import GlobalRouterConfig, load_global_config
 from globalrouter.director import GlobalDirector
 from globalrouter.poller import SummaryPoller
 from globalrouter.regions import RegionTable
-from picker.app import EXT_PROC_PATH, HEALTH_SERVICES, MAX_EXT_PROC_MESSAGE
+from picker.app import (
+    EXT_PROC_PATH,
+    HEALTH_SERVICES,
+    MAX_EXT_PROC_MESSAGE,
+    serve_until_signalled,
+)
 from picker.cancellation import cancel_and_wait
 from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HealthCheck
 from picker.handlers import ExtProcHandler
@@ -145,11 +149,4 @@ class GlobalRouterApp:
             await self._http.cleanup()
 
     async def run_until_signalled(self) -> None:
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, done.set)
-        await self.start()
-        await done.wait()
-        log.info("global router draining")
-        await self.stop()
+        await serve_until_signalled(self.start, self.stop, "global router")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -302,12 +302,24 @@ class PickerApp:
             await self._http.cleanup()
 
     async def run_until_signalled(self) -> None:
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, done.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reloader.reload)
-        await self.start()
-        await done.wait()
-        log.info("picker draining")
-        await self.stop()
+        await serve_until_signalled(self.start, self.stop, "picker", self.reloader.reload)
+
+
+async def serve_until_signalled(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    name: str,
+    on_hangup: Callable[[], object] | None = None,
+) -> None:
+    """Start, wait for SIGTERM or SIGINT (SIGHUP calls `on_hangup`), then stop: the
+    picker's process and the global router's."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
+    if on_hangup is not None:
+        loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    await start()
+    await done.wait()
+    log.info("%s draining", name)
+    await stop()

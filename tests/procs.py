@@ -111,17 +111,23 @@ def gateway(
     state.mkdir(parents=True, exist_ok=True)
     path = state / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
-    child = start_piped(
-        "igw serve",
-        [sys.executable, "-m", "igw.cli", "serve", "--config", str(path), "--state-dir",
-         str(state), *extra_args],
-    )
+    command = ["serve", "--config", str(path), "--state-dir", str(state), *extra_args]
+    with _igw_url("igw serve", command, timeout) as (proc, url):
+        ports = dict(config["spec"]["ports"])
+        ports["listen"] = config["spec"]["listener"]["port"]
+        yield Gateway(proc, url, state, path, config, ports)
+
+
+@contextlib.contextmanager
+def _igw_url(label: str, command: list[str], timeout: float
+             ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`igw COMMAND...` until its first line, the https:// URL; its stdout (Envoy's access
+    log) drained from then on; stopped by PID (SIGTERM, then SIGKILL) at the end."""
+    child = start_piped(label, [sys.executable, "-m", "igw.cli", *command])
     try:
         url = wait_line(child, lambda line: line.startswith("https://"), timeout)
         child.drain()
-        ports = dict(config["spec"]["ports"])
-        ports["listen"] = config["spec"]["listener"]["port"]
-        yield Gateway(child.proc, url, state, path, config, ports)
+        yield child.proc, url
     finally:
         child.stop(timeout=40)
 
@@ -174,14 +180,6 @@ def global_router(tmp: Path, config: dict[str, Any], timeout: float = 60) -> Ite
     state.mkdir(parents=True, exist_ok=True)
     path = state / "global.yaml"
     path.write_text(yaml.safe_dump(config))
-    child = start_piped(
-        "igw global serve",
-        [sys.executable, "-m", "igw.cli", "global", "serve", "--config", str(path),
-         "--state-dir", str(state)],
-    )
-    try:
-        url = wait_line(child, lambda line: line.startswith("https://"), timeout)
-        child.drain()
-        yield GlobalRouter(child.proc, url, state, config)
-    finally:
-        child.stop(timeout=40)
+    command = ["global", "serve", "--config", str(path), "--state-dir", str(state)]
+    with _igw_url("igw global serve", command, timeout) as (proc, url):
+        yield GlobalRouter(proc, url, state, config)

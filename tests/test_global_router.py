@@ -99,11 +99,14 @@ def _wait_fresh(router, names: set[str], timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
+def _client(router) -> httpx.Client:
+    ctx = ssl.create_default_context(cafile=str(router.ca))
+    return httpx.Client(base_url=router.url, verify=ctx, timeout=30)
+
+
 @pytest.fixture(scope="module")
 def client(world):
-    router = world[0]
-    ctx = ssl.create_default_context(cafile=str(router.ca))
-    with httpx.Client(base_url=router.url, verify=ctx, timeout=30) as http:
+    with _client(world[0]) as http:
         yield http
 
 
@@ -225,8 +228,7 @@ def test_killing_the_serving_region_loses_no_request_and_is_detected(world):
     with gateway(tmp, configs["eu-west-1"]) as revived:
         tier1["eu-west-1"] = revived
         _wait_fresh(router, {"eu-west-1"})
-        ctx = ssl.create_default_context(cafile=str(router.ca))
-        with httpx.Client(base_url=router.url, verify=ctx, timeout=30) as http:
+        with _client(router) as http:
             assert _chat(http).headers[hdr.REGION] == "eu-west-1"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import ipaddress
+from igw_envoy.tls import is_ip
 
 TLS_UPSTREAM_TYPE = (
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
@@ -12,12 +12,11 @@ TLS_UPSTREAM_TYPE = (
 def upstream_tls(host: str, ca_file: str, alpn: list[str] | None = None) -> dict:
     """A TLS transport socket sending `host` as SNI and accepting only a certificate
     signed by `ca_file` whose subject alternative name is `host`."""
-    is_ip = _is_ip(host)
     context: dict = {
         "validation_context": {
             "trusted_ca": {"filename": ca_file},
             "match_typed_subject_alt_names": [
-                {"san_type": "IP_ADDRESS" if is_ip else "DNS", "matcher": {"exact": host}}
+                {"san_type": "IP_ADDRESS" if is_ip(host) else "DNS", "matcher": {"exact": host}}
             ],
         }
     }
@@ -28,10 +27,3 @@ def upstream_tls(host: str, ca_file: str, alpn: list[str] | None = None) -> dict
         "typed_config": {"@type": TLS_UPSTREAM_TYPE, "sni": host, "common_tls_context": context},
     }
 
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
