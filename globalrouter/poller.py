@@ -3,7 +3,8 @@
 One task per region: `GET https://ENDPOINT/igw/v1/load-summary` (the Tier-1
 listener, verified with the region's CA and server name) every
 `spec.polling.interval`, bounded by `spec.polling.timeout`. A failed poll
-(refused, reset, timed out, not a summary) makes the region unknown at once;
+(refused, reset, not a summary) makes the region unknown at once, a timed-out
+one from the second in a row;
 a summary whose generation stopped moving ages out after
 `spec.polling.staleAfter` (regions.RegionTable). The RTT is the poll's
 duration on a kept-alive connection, the same TLS path the traffic takes.
@@ -88,7 +89,8 @@ class SummaryPoller:
             try:
                 summary = await self._fetch(session, url, region)
             except (aiohttp.ClientError, TimeoutError, OSError, SummaryError) as exc:
-                self.table.record_failure(row, f"{type(exc).__name__}: {exc}"[:300])
+                self.table.record_failure(row, f"{type(exc).__name__}: {exc}"[:300],
+                                          definite=not isinstance(exc, TimeoutError))
             else:
                 done = time.monotonic()
                 self.table.record_ok(row, summary, done - started, done)

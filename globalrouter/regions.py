@@ -44,6 +44,7 @@ class RegionStatus:
     last_ok: float = -math.inf  # the last summary whose generation moved
     generation: int = -1
     failures: int = 0  # consecutive failed polls
+    definite: bool = True  # the last failure was not a timeout
     error: str = ""
     summary: dict[str, Any] | None = None
     rtts: deque[float] = field(default_factory=lambda: deque(maxlen=RTT_SAMPLES))
@@ -88,17 +89,21 @@ class RegionTable:
         self._refresh_row(row)
         self.rebuild()
 
-    def record_failure(self, row: int, error: str) -> None:
-        """The poll failed: the region is unknown until a poll succeeds again."""
+    def record_failure(self, row: int, error: str, definite: bool = True) -> None:
+        """The poll failed. `definite` (refused, reset, not a summary): the region is
+        unknown until a poll succeeds again. A timeout is not definite on its own (a busy
+        machine, one slow answer): the region is unknown from the second in a row."""
         status = self.status[row]
         status.failures += 1
         status.error = error
+        status.definite = definite
         self._refresh_row(row)
         self.rebuild()
 
     def _refresh_row(self, row: int) -> None:
         status = self.status[row]
-        ok = status.failures == 0 and status.last_ok > -math.inf
+        tolerated = status.failures == 0 or (status.failures == 1 and not status.definite)
+        ok = tolerated and status.last_ok > -math.inf
         stale = self.config.polling.stale_after_s
         self.fresh_until[row] = status.last_ok + stale if ok else -math.inf
 

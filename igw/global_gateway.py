@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import yaml
 
 from contract.global_config import GlobalRouterConfig, load_global_config
 from igw.gateway import (
+    READY_TIMEOUT_S,
     _line,
     envoy_child,
     fleet_gateway,
@@ -126,6 +128,29 @@ def _region_pods(region: DemoRegion) -> list[dict]:
     return pods
 
 
+async def regions_ready(http_port: int, count: int, deadline_s: float = READY_TIMEOUT_S) -> None:
+    """Until the router says `count` regions are fresh with every pod ready: the demo's
+    URL is printed when any region may take a request, not when the first one can."""
+    import aiohttp
+
+    url = f"http://127.0.0.1:{http_port}/regions"
+    deadline = time.monotonic() + deadline_s
+    timeout = aiohttp.ClientTimeout(total=2.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(url) as reply:
+                    regions = (await reply.json())["regions"]
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError):
+                regions = []
+            ready = [r for r in regions if r["fresh"] and r["pools"]
+                     and all(p["readyPods"] == p["pods"] for p in r["pools"])]
+            if len(ready) == count:
+                return
+            await asyncio.sleep(0.1)
+    raise TimeoutError("regions not ready in time")
+
+
 def up_global_files(state_dir: Path, port: int) -> tuple[Path, list[ChildSpec], list[Path]]:
     """Every file of the demo; the global config's path, the region children (fleets,
     Tier-1 gateways, delay proxies) and the regions' gateway config paths."""
@@ -186,6 +211,7 @@ async def up_global(state_dir: Path, port: int) -> int:
     async def ready() -> None:
         await asyncio.gather(*(wait_ready(load_config(p)) for p in region_configs))
         await wait_ready(config)
+        await regions_ready(config.metrics_port, len(DEMO_REGIONS))
         announce_global(config, state_dir, model=LLAMA)
         _line(f"# config: {global_path}")
 

@@ -189,3 +189,16 @@ def test_the_poller_refuses_what_is_not_a_summary(body: bytes, message: str):
     with pytest.raises(SummaryError, match=message):
         parse_summary(body)
     assert parse_summary(orjson.dumps(_summary(0.1)))["generation"] == 1
+
+
+def test_one_timeout_is_tolerated_a_second_is_not():
+    table = _table()
+    row = table.index["near"]
+    table.record_ok(row, _summary(0.05), 0.01, NOW)
+    table.record_failure(row, "TimeoutError", definite=False)
+    assert table.fresh(NOW)[row]
+    table.record_failure(row, "TimeoutError", definite=False)
+    assert not table.fresh(NOW)[row]
+    table.record_ok(row, _summary(0.05, generation=2), 0.01, NOW)
+    table.record_failure(row, "ClientConnectorError: refused")
+    assert not table.fresh(NOW)[row]
