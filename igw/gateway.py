@@ -264,15 +264,23 @@ async def serve(
 ) -> int:
     config = effective_config(load_config(config_path), port)
     state_dir.mkdir(parents=True, exist_ok=True)
-    supervisor = Supervisor(
-        gateway_children(config_path, state_dir, port, drain_timeout_s=drain_timeout_s)
-    )
+    children = gateway_children(config_path, state_dir, port, drain_timeout_s=drain_timeout_s)
+    return await supervise(children, config, lambda: announce(config, state_dir, sample=False))
+
+
+async def supervise(
+    children: list[ChildSpec],
+    config: GatewayConfig | GlobalRouterConfig,
+    announce_ready: Callable[[], None],
+) -> int:
+    """Run `children` until SIGTERM/SIGINT; once `config`'s picker (or global router),
+    Envoy and listener are ready, `announce_ready` prints the URL line first."""
 
     async def ready() -> None:
         await wait_ready(config)
-        announce(config, state_dir, sample=False)
+        announce_ready()
 
-    return await run_until_signalled(supervisor, ready)
+    return await run_until_signalled(Supervisor(children), ready)
 
 
 def default_fleet() -> dict:

@@ -30,6 +30,7 @@ from igw.gateway import (
     fleet_gateway,
     gateway_children,
     simulator_child,
+    supervise,
     wait_ready,
     write_up_files,
 )
@@ -108,15 +109,9 @@ async def serve_global(config_path: Path, state_dir: Path, port: int | None,
                        drain_timeout_s: float = DRAIN_TIMEOUT_S) -> int:
     config = _effective(load_global_config(config_path), port)
     state_dir.mkdir(parents=True, exist_ok=True)
-    supervisor = Supervisor(
-        global_children(config_path, state_dir, port, drain_timeout_s=drain_timeout_s)
-    )
-
-    async def ready() -> None:
-        await wait_ready(config)
-        announce_global(config, state_dir, model=None)
-
-    return await run_until_signalled(supervisor, ready)
+    children = global_children(config_path, state_dir, port, drain_timeout_s=drain_timeout_s)
+    return await supervise(children, config,
+                           lambda: announce_global(config, state_dir, model=None))
 
 
 def _region_pods(region: DemoRegion) -> list[dict]:
