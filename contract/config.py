@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -52,6 +54,7 @@ _CLAIM_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+T = TypeVar("T")
 
 
 def is_tenant_name(name: object) -> bool:
@@ -322,6 +325,8 @@ def _typed(value: Any, kind: type | tuple[type, ...], path: str) -> Any:
 
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    if isinstance(kind, types.UnionType):  # `int | float`: name each member
+        return kind.__args__
     return kind if isinstance(kind, tuple) else (kind,)
 
 
@@ -537,12 +542,19 @@ def _scheduler(data: Any, path: str) -> SchedulerConfig:
     )
 
 
-def _schedulers(data: Any, path: str) -> tuple[SchedulerConfig, ...]:
+def parse_list(data: Any, path: str, parse: Callable[[Any, str], T], most: int, what: str
+               ) -> tuple[T, ...]:
+    """A required, non-empty list of at most `most` entries, each parsed by
+    `parse(entry, "path[i]")`."""
     if not isinstance(data, list) or not data:
-        raise ConfigError(f"{path}: required, a non-empty list")
-    if len(data) > MAX_SCHEDULERS:
-        raise ConfigError(f"{path}: at most {MAX_SCHEDULERS} schedulers, got {len(data)}")
-    schedulers = tuple(_scheduler(s, f"{path}[{i}]") for i, s in enumerate(data))
+        raise ConfigError(f"{path}: required, a non-empty list of {what}")
+    if len(data) > most:
+        raise ConfigError(f"{path}: at most {most} {what}, got {len(data)}")
+    return tuple(parse(entry, f"{path}[{i}]") for i, entry in enumerate(data))
+
+
+def _schedulers(data: Any, path: str) -> tuple[SchedulerConfig, ...]:
+    schedulers = parse_list(data, path, _scheduler, MAX_SCHEDULERS, "schedulers")
     _check_unique(schedulers, path)
     return schedulers
 
@@ -648,6 +660,30 @@ def _rate_limits(data: Any, path: str) -> RateLimits:
     return RateLimits(**values)
 
 
+def model_mapping(data: Any, path: str, parse: Callable[[Any, str], T]) -> dict[str, T]:
+    """A mapping keyed by requested model names (non-empty strings), each value parsed by
+    `parse(value, path)`: a tenant's `modelLimits`, a region's `costs`."""
+    models = _Fields(data, path)
+    out = {}
+    for model in models.remaining():
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"{models.path}: model names must be non-empty strings: {model!r}")
+        out[model] = parse(models.take(model), models.at(model))
+    return out
+
+
+def check_unique(items: tuple[Any, ...], attr: str, path: str, field_name: str) -> None:
+    """No two `items` share `getattr(item, attr)`; the error names both places."""
+    seen: dict[Any, int] = {}
+    for i, item in enumerate(items):
+        value = getattr(item, attr)
+        if value in seen:
+            raise ConfigError(
+                f"{path}[{i}].{field_name}: duplicate {value!r} (also {path}[{seen[value]}])"
+            )
+        seen[value] = i
+
+
 def _tenant(data: Any, path: str) -> TenantConfig:
     f = _Fields(data, path)
     name = f.take("name")
@@ -659,12 +695,7 @@ def _tenant(data: Any, path: str) -> TenantConfig:
     d = TenantConfig(name=name)
     weight = _number(f.take("weight", d.weight), f.at("weight"), 0.001, 1000)
     limits = _rate_limits(f.take("limits"), f.at("limits"))
-    models = _Fields(f.take("modelLimits"), f.at("modelLimits"))
-    model_limits = {}
-    for model in models.remaining():
-        if not isinstance(model, str) or not model:
-            raise ConfigError(f"{models.path}: model names must be non-empty strings: {model!r}")
-        model_limits[model] = _rate_limits(models.take(model), models.at(model))
+    model_limits = model_mapping(f.take("modelLimits"), f.at("modelLimits"), _rate_limits)
     f.done()
     return TenantConfig(name=name, weight=weight, limits=limits, model_limits=model_limits)
 
@@ -689,14 +720,7 @@ def _tenants(data: Any, path: str) -> TenantsConfig | None:
     if len(raw) > MAX_TENANTS:
         raise ConfigError(f"{f.at('list')}: at most {MAX_TENANTS} tenants, got {len(raw)}")
     tenants = tuple(_tenant(t, f"{f.at('list')}[{i}]") for i, t in enumerate(raw))
-    seen: dict[str, int] = {}
-    for i, tenant in enumerate(tenants):
-        if tenant.name in seen:
-            raise ConfigError(
-                f"{f.at('list')}[{i}].name: duplicate {tenant.name!r} "
-                f"(also {f.at('list')}[{seen[tenant.name]}])"
-            )
-        seen[tenant.name] = i
+    check_unique(tenants, "name", f.at("list"), "name")
     if (keys_file is None) == (claim is None):
         raise ConfigError(f"{path}: exactly one of keysFile or jwtClaim is required")
     return TenantsConfig(
@@ -727,17 +751,24 @@ def _check_tenants(
                 )
 
 
-def _gateway_fields(f: _Fields) -> dict[str, Any]:
-    """Our additions at spec level, for running outside Kubernetes."""
-    d = GatewayConfig(schedulers=())
+def listener_fields(f: _Fields, address: str, port: int) -> tuple[str, int]:
+    """`listener: {address, port}` of a spec (the gateway's and the global router's):
+    an IP address and a port, defaulting to the given ones."""
     listener = _Fields(f.take("listener"), f.at("listener"))
-    address = _typed(listener.take("address", d.listen_address), str, listener.at("address"))
+    address = _typed(listener.take("address", address), str, listener.at("address"))
     try:
         ipaddress.ip_address(address)
     except ValueError:
         raise ConfigError(f"{listener.at('address')}: not an IP address: {address!r}") from None
-    port = _port(listener.take("port", d.listen_port), listener.at("port"))
+    port = _port(listener.take("port", port), listener.at("port"))
     listener.done()
+    return address, port
+
+
+def _gateway_fields(f: _Fields) -> dict[str, Any]:
+    """Our additions at spec level, for running outside Kubernetes."""
+    d = GatewayConfig(schedulers=())
+    address, port = listener_fields(f, d.listen_address, d.listen_port)
     ports = _Fields(f.take("ports"), f.at("ports"))
     picker_port = _port(ports.take("picker", d.picker_port), ports.at("picker"))
     admin_port = _port(ports.take("admin", d.admin_port), ports.at("admin"))
@@ -765,32 +796,49 @@ def _gateway_fields(f: _Fields) -> dict[str, Any]:
     }
 
 
-def parse_config(doc: Any) -> GatewayConfig:
-    """Build a validated config from a parsed YAML/JSON document."""
+# Kubernetes object metadata that says nothing about routing: accepted, not used.
+_IGNORED_METADATA = (
+    "labels",
+    "annotations",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "managedFields",
+)
+
+
+def metadata_fields(top: _Fields, name: str, namespace: str) -> tuple[str, str]:
+    """`metadata.name` and `metadata.namespace` (Kubernetes' other metadata ignored)."""
+    meta = _Fields(top.take("metadata"), "metadata")
+    name = _typed(meta.take("name", name), str, "metadata.name")
+    namespace = _typed(meta.take("namespace", namespace), str, "metadata.namespace")
+    for ignored in _IGNORED_METADATA:
+        meta.take(ignored)
+    meta.done()
+    return name, namespace
+
+
+def open_document(doc: Any, kind: str, name: str, namespace: str) -> tuple[str, str, _Fields]:
+    """Check `apiVersion` and `kind`, read the metadata (defaults: `name`, `namespace`),
+    and return them with the `spec` mapping to read field by field (`status` ignored)."""
     top = _Fields(doc, "")
     api = top.take("apiVersion")
     if api not in API_VERSIONS:
         raise ConfigError(f"apiVersion: must be one of {', '.join(API_VERSIONS)}; got {api!r}")
-    if top.take("kind") != KIND:
-        raise ConfigError(f"kind: must be {KIND}")
-    meta = _Fields(top.take("metadata"), "metadata")
-    d = GatewayConfig(schedulers=())
-    name = _typed(meta.take("name", d.name), str, "metadata.name")
-    namespace = _typed(meta.take("namespace", d.namespace), str, "metadata.namespace")
-    for ignored in (
-        "labels",
-        "annotations",
-        "uid",
-        "resourceVersion",
-        "generation",
-        "creationTimestamp",
-        "managedFields",
-    ):
-        meta.take(ignored)
-    meta.done()
+    if top.take("kind") != kind:
+        raise ConfigError(f"kind: must be {kind}")
+    name, namespace = metadata_fields(top, name, namespace)
     top.take("status")
     spec = _Fields(top.take("spec"), "spec")
     top.done()
+    return name, namespace, spec
+
+
+def parse_config(doc: Any) -> GatewayConfig:
+    """Build a validated config from a parsed YAML/JSON document."""
+    d = GatewayConfig(schedulers=())
+    name, namespace, spec = open_document(doc, KIND, d.name, d.namespace)
     tls = _tls(spec.take("tls"), "spec.tls")
     bbr = _bbr(spec.take("bbr"), "spec.bbr")
     jwt = _auth(spec.take("auth"), "spec.auth")
@@ -808,18 +856,26 @@ def parse_config(doc: Any) -> GatewayConfig:
 
 def load_config(path: str | Path) -> GatewayConfig:
     """Read and validate a config file; every problem is a one-line ConfigError."""
+    return load_config_text(read_text(path))
+
+
+def read_text(path: str | Path) -> str:
+    """A config file's text, or a ConfigError naming the file."""
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    return load_config_text(text)
 
 
-def load_config_text(text: str) -> GatewayConfig:
+def yaml_document(text: str) -> Any:
+    """The parsed YAML document, or a ConfigError naming the line."""
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    return parse_config(doc)
+
+
+def load_config_text(text: str) -> GatewayConfig:
+    return parse_config(yaml_document(text))

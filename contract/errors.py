@@ -22,6 +22,7 @@ __all__ = [
     "InvalidRequest",
     "MethodNotAllowed",
     "ModelNotFound",
+    "NoEligibleRegion",
     "NoReadyEndpoint",
     "NotFound",
     "Overloaded",
@@ -182,6 +183,14 @@ class NoReadyEndpoint(ApiError):
         """The standard message, naming the pool (and the model when known)."""
         who = f" for model `{echo(model)}`" if model else ""
         return cls(f"No ready endpoint{who} in pool `{pool}`; retry shortly.")
+
+
+class NoEligibleRegion(NoReadyEndpoint):
+    """503 from the global router: no region may take the request now; the message names
+    the constraint that left none (fresh summary, ready pod, drain, residency, the
+    client's `x-gateway-regions`)."""
+
+    code = "no_eligible_region"
 
 
 class QueueTimeout(ApiError):

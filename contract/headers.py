@@ -63,3 +63,13 @@ RATE_LIMIT_HEADERS = (
     "x-ratelimit-remaining-tokens",
     "x-ratelimit-reset-tokens",
 )
+
+# Tier 2, the global router (docs/global.md). Every answer a region served names it
+# (response header); a client may narrow the regions its request may go to with an
+# allow-list (`a,b`, request hint: it never widens the choice, never stripped).
+REGION = "x-gateway-region"
+REGIONS = "x-gateway-regions"
+# The global router reads the allow-list like the other request hints.
+GLOBAL_ATTRIBUTES = {f"request.headers['{REGIONS}']": "regions"}
+# Where a Tier-1 gateway serves its load summary (picker.load_summary), on its listener.
+LOAD_SUMMARY_PATH = "/igw/v1/load-summary"

@@ -59,6 +59,63 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return asyncio.run(up(args.state_dir, args.port))
 
 
+def _cmd_global_serve(args: argparse.Namespace) -> int:
+    from contract.global_config import load_global_config
+    from igw.global_gateway import serve_global
+
+    try:
+        load_global_config(args.config)
+    except ConfigError as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
+        return 1
+    return asyncio.run(serve_global(args.config, args.state_dir, args.port, args.drain_timeout))
+
+
+def _cmd_global_up(args: argparse.Namespace) -> int:
+    from igw.global_gateway import up_global
+
+    return asyncio.run(up_global(args.state_dir, args.port))
+
+
+def _cmd_global_status(args: argparse.Namespace) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{args.http}/regions", timeout=5) as reply:
+        doc = json.loads(reply.read())
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    for r in doc["regions"]:
+        state = "fresh" if r["fresh"] else f"UNKNOWN ({r['error'] or 'stale'})"
+        models = ", ".join(
+            f"{p['model']} ready={p['readyPods']}/{p['pods']} ttft={p['predictedTtftS']}"
+            for p in r["pools"]
+        )
+        drained = " drained" if r["drained"] else ""
+        print(f"{r['name']:<12} {state}{drained} rtt={r['rttS'] * 1000:.1f}ms  {models}")
+    return 0
+
+
+def _add_global_parser(sub: argparse._SubParsersAction, state_dir: Path) -> None:
+    """`igw global serve|up|status`: the Tier-2 router (docs/global.md)."""
+    group = sub.add_parser("global", help="the global router across regions (Tier 2)")
+    commands = group.add_subparsers(dest="global_command", required=True)
+    p = commands.add_parser("serve", help="run the global router + its Envoy for a config")
+    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--port", type=int, default=None, help="override spec.listener.port")
+    p.add_argument("--state-dir", type=Path, default=state_dir / "global")
+    p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.set_defaults(func=_cmd_global_serve)
+    p = commands.add_parser("up", help="global router + three simulated regions (demo)")
+    p.add_argument("--port", type=int, default=_DEFAULTS.listen_port)
+    p.add_argument("--state-dir", type=Path, default=state_dir / "global-up")
+    p.set_defaults(func=_cmd_global_up)
+    p = commands.add_parser("status", help="what the global router knows of each region")
+    p.add_argument("--http", default="127.0.0.1:9092", help="the router's HTTP host:port")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_global_status)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from igw.admin_client import format_status, status
 
@@ -135,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--prompt", default="hello")
             p.add_argument("--body", help="file holding a full request body")
             p.add_argument("--path", default="/v1/chat/completions")
+
+    _add_global_parser(sub, default_state_dir())
 
     from igw.tenant_keys import add_parser as add_tenants_parser
 

@@ -8,6 +8,7 @@ import logging
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contract.config import ConfigError, GatewayConfig, load_config
+from contract.global_config import GlobalRouterConfig
 from igw.ports import free_port
 from igw.supervisor import ChildSpec, Supervisor, run_until_signalled
 from igw_envoy.atomic import write_atomic
@@ -91,7 +93,19 @@ def gateway_children(
         ],
         stop_timeout_s=drain_timeout_s + 5.0,
     )
-    envoy = ChildSpec(
+    envoy = envoy_child(envoy_yaml, first.envoy_admin_port, drain_timeout_s, render_restart)
+    return [picker, envoy]
+
+
+def envoy_child(
+    envoy_yaml: Path,
+    admin_port: int,
+    drain_timeout_s: float,
+    before_start: Callable[[], None] | None = None,
+) -> ChildSpec:
+    """Envoy on a rendered bootstrap, drained (listeners closed, in-flight requests
+    finished, bounded) before it is signalled; the global router's front door too."""
+    return ChildSpec(
         name="envoy",
         argv=[
             find_envoy(),
@@ -105,11 +119,10 @@ def gateway_children(
             "--parent-shutdown-time-s",
             "10",
         ],
-        before_start=render_restart,
-        before_stop=lambda: drain_envoy(first.envoy_admin_port, drain_timeout_s),
+        before_start=before_start,
+        before_stop=lambda: drain_envoy(admin_port, drain_timeout_s),
         stop_timeout_s=10.0,
     )
-    return [picker, envoy]
 
 
 async def drain_envoy(admin_port: int, timeout_s: float) -> None:
@@ -155,7 +168,9 @@ def _stat_value(text: str, name: str) -> int | None:
     return None
 
 
-async def wait_ready(config: GatewayConfig, deadline_s: float = READY_TIMEOUT_S) -> None:
+async def wait_ready(
+    config: GatewayConfig | GlobalRouterConfig, deadline_s: float = READY_TIMEOUT_S
+) -> None:
     """Until the picker answers gRPC health, Envoy's admin says LIVE (every listener, cluster
     and route file loaded) and the HTTPS listener completes a TLS handshake.
 
@@ -165,7 +180,8 @@ async def wait_ready(config: GatewayConfig, deadline_s: float = READY_TIMEOUT_S)
     deadline = time.monotonic() + deadline_s
     await _wait(lambda: _picker_serving(config.picker_port), deadline, "picker")
     await _wait(lambda: _envoy_live(config.envoy_admin_port), deadline, "envoy")
-    await _wait(lambda: _tls_accepted(config.listen_port), deadline, "envoy listener")
+    host = "127.0.0.1" if config.listen_address in ("0.0.0.0", "::") else config.listen_address
+    await _wait(lambda: _tls_accepted(host, config.listen_port), deadline, "envoy listener")
 
 
 async def _wait(probe, deadline: float, what: str) -> None:
@@ -204,13 +220,13 @@ async def _envoy_live(admin_port: int) -> bool:
         writer.close()
 
 
-async def _tls_accepted(port: int) -> bool:
+async def _tls_accepted(host: str, port: int) -> bool:
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     try:
         _, writer = await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", port, ssl=ctx), 1.0
+            asyncio.open_connection(host, port, ssl=ctx), 1.0
         )
     except (OSError, TimeoutError, ssl.SSLError):
         return False
@@ -248,15 +264,23 @@ async def serve(
 ) -> int:
     config = effective_config(load_config(config_path), port)
     state_dir.mkdir(parents=True, exist_ok=True)
-    supervisor = Supervisor(
-        gateway_children(config_path, state_dir, port, drain_timeout_s=drain_timeout_s)
-    )
+    children = gateway_children(config_path, state_dir, port, drain_timeout_s=drain_timeout_s)
+    return await supervise(children, config, lambda: announce(config, state_dir, sample=False))
+
+
+async def supervise(
+    children: list[ChildSpec],
+    config: GatewayConfig | GlobalRouterConfig,
+    announce_ready: Callable[[], None],
+) -> int:
+    """Run `children` until SIGTERM/SIGINT; once `config`'s picker (or global router),
+    Envoy and listener are ready, `announce_ready` prints the URL line first."""
 
     async def ready() -> None:
         await wait_ready(config)
-        announce(config, state_dir, sample=False)
+        announce_ready()
 
-    return await run_until_signalled(supervisor, ready)
+    return await run_until_signalled(Supervisor(children), ready)
 
 
 def default_fleet() -> dict:
@@ -266,14 +290,22 @@ def default_fleet() -> dict:
 def up_files(state_dir: Path, port: int) -> tuple[Path, Path]:
     """Write the embedded fleet and a gateway config pointing at it, on free ports."""
     fleet = default_fleet()
+    config = fleet_gateway("igw-up", fleet["pods"], "127.0.0.1", port)
+    return write_up_files(state_dir, fleet, config)
+
+
+def fleet_gateway(name: str, pods: list[dict], address: str, port: int) -> dict:
+    """A gateway config document for simulated `pods` (each given a free port here):
+    one pool per model with its pods' adapters, listening on address:port, the other
+    ports free."""
     by_model: dict[str, list[str]] = {}
-    for pod in fleet["pods"]:
+    for pod in pods:
         pod["port"] = free_port()
         by_model.setdefault(pod["model"], []).append(f"127.0.0.1:{pod['port']}")
     schedulers = []
     for i, (model, endpoints) in enumerate(by_model.items()):
         adapters = sorted(
-            {a for p in fleet["pods"] if p["model"] == model for a in p.get("lora_adapters", [])}
+            {a for p in pods if p["model"] == model for a in p.get("lora_adapters", [])}
         )
         schedulers.append(
             {
@@ -284,15 +316,15 @@ def up_files(state_dir: Path, port: int) -> tuple[Path, Path]:
                 "engineType": "vllm",
             }
         )
-    config = {
+    return {
         "apiVersion": "inference-gateway.io/v1alpha1",
         "kind": "InferenceGatewayConfig",
-        "metadata": {"name": "igw-up"},
+        "metadata": {"name": name},
         "spec": {
             "tls": {},
             "bbr": {"enabled": True},
             "schedulers": schedulers,
-            "listener": {"address": "127.0.0.1", "port": port},
+            "listener": {"address": address, "port": port},
             "ports": {
                 "picker": free_port(),
                 "admin": free_port(),
@@ -301,6 +333,10 @@ def up_files(state_dir: Path, port: int) -> tuple[Path, Path]:
             },
         },
     }
+
+
+def write_up_files(state_dir: Path, fleet: dict, config: dict) -> tuple[Path, Path]:
+    """fleet.yaml and gateway.yaml in `state_dir`; their paths."""
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet_path, config_path = state_dir / "fleet.yaml", state_dir / "gateway.yaml"
     fleet_path.write_text(yaml.safe_dump(fleet, sort_keys=False))
@@ -308,15 +344,21 @@ def up_files(state_dir: Path, port: int) -> tuple[Path, Path]:
     return fleet_path, config_path
 
 
-async def up(state_dir: Path, port: int) -> int:
-    fleet_path, config_path = up_files(state_dir, port)
-    config = load_config(config_path)
-    sim = ChildSpec(
-        name="simulator",
+def simulator_child(fleet_path: Path, name: str = "simulator") -> ChildSpec:
+    """The simulated fleet of `fleet_path`; its output kept off our stdout."""
+    return ChildSpec(
+        name=name,
         argv=[sys.executable, "-m", "simulator", "--fleet", str(fleet_path)],
         stdout_to_stderr=True,
     )
-    supervisor = Supervisor([sim, *gateway_children(config_path, state_dir, None)])
+
+
+async def up(state_dir: Path, port: int) -> int:
+    fleet_path, config_path = up_files(state_dir, port)
+    config = load_config(config_path)
+    supervisor = Supervisor(
+        [simulator_child(fleet_path), *gateway_children(config_path, state_dir, None)]
+    )
 
     async def ready() -> None:
         await wait_ready(config)

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from contract.config import ConfigError
 from picker.app import PickerApp
@@ -39,16 +40,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    return run_process(
+        "picker",
+        args.log_level,
+        lambda: PickerApp(
+            args.config, args.state_dir, host=args.host, metrics_host=args.metrics_host
+        ),
+    )
+
+
+def run_process(prog: str, log_level: str, make_app: Callable[[], Any]) -> int:
+    """Structured logs, the app built (a bad config: exit 2 with its one-line error), then
+    its `run_until_signalled` on uvloop when installed: the picker's and the global
+    router's process alike."""
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=log_level.upper(),
         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
     try:
-        app = PickerApp(
-            args.config, args.state_dir, host=args.host, metrics_host=args.metrics_host
-        )
+        app = make_app()
     except ConfigError as exc:
-        print(f"picker: invalid config: {exc}", file=sys.stderr)
+        print(f"{prog}: invalid config: {exc}", file=sys.stderr)
         return 2
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(app.run_until_signalled())

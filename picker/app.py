@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -22,6 +22,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.core import Metric
 
+from contract import headers as hdr
 from contract.config import GatewayConfig
 from igw_envoy.eds import write_endpoints
 from igw_envoy.usage import measures_usage
@@ -29,7 +30,6 @@ from igw_envoy.xds import write_dynamic
 from picker.access_log import ACCESS_LOG_PATH, AccessLogStream
 from picker.admin import AdminService
 from picker.coordination import Coordinator
-from picker.coordination.bus import BusError, read_password, redis_client
 from picker.datalayer.collector import Collector
 from picker.datastore import Datastore
 from picker.director import Director
@@ -38,6 +38,7 @@ from picker.envoy_admin import EnvoyAdmin
 from picker.gateway_metrics import GatewayMetrics, process_families
 from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HandlerFactory, HealthCheck
 from picker.handlers import ExtProcHandler
+from picker.load_summary import LoadSummary
 from picker.outliers import OutlierFollower
 from picker.reload import ConfigReloader, load_initial
 from picker.tenants.limits import Limiter
@@ -83,6 +84,8 @@ class PickerApp:
             self.datastore, self.metrics, limiter=self.limiter, ledger=self.ledger
         )
         self.collector = Collector(self.datastore)
+        # What the global router reads (Tier 2): rebuilt in the background, served as is.
+        self.summary = LoadSummary(self.director, config.name)
         self.envoy = EnvoyAdmin(config.envoy_admin_port)
         self.outliers = OutlierFollower(self.datastore, self.envoy)
         self.metrics.attach_routing(self.director, self.collector.counters)
@@ -138,6 +141,8 @@ class PickerApp:
         self._tasks.append(asyncio.create_task(watch_config, name="igw-config-watch"))
         watch_outliers = self.outliers.watch(self._stopping)
         self._tasks.append(asyncio.create_task(watch_outliers, name="igw-outliers"))
+        summary = self.summary.run(self._stopping)
+        self._tasks.append(asyncio.create_task(summary, name="igw-load-summary"))
         log.info(
             "picker serving ext_proc=%s:%d admin=%s:%d metrics=%s:%d pools=%s",
             self.host,
@@ -162,21 +167,10 @@ class PickerApp:
         if self.ledger is not None:
             sweep = self.ledger.sweeper(self._stopping)
             self._tasks.append(asyncio.create_task(sweep, name="igw-usage-sweep"))
-        settings = self.config.coordination
-        if settings is None:
-            await self.limiter.start(None, "")
-            return
-        try:
-            password = read_password(settings.password_file)
-        except BusError as exc:
-            log.error("tenant limits not shared (each replica enforces them alone): %s", exc)
-            await self.limiter.start(None, "")
-            return
-        await self.limiter.start(
-            lambda: redis_client(settings, password, settings.timeout_s, 2),
+        await self.limiter.start_shared(
+            self.config.coordination,
             self.config.coordination_prefix,
             replica=self.coordination.replica if self.coordination is not None else None,
-            timeout_s=settings.timeout_s,
         )
 
     async def start_discovery(self) -> None:
@@ -229,6 +223,7 @@ class PickerApp:
     async def stop_serving(self) -> None:
         """Both health ports say NOT_SERVING from now on (the first step of `stop`)."""
         self._stopping.set()
+        self.summary.stop_serving()
         await self._publish_health()
 
     async def _start_admin(self) -> grpc.aio.Server:
@@ -244,6 +239,7 @@ class PickerApp:
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._serve_health)
+        app.router.add_get(hdr.LOAD_SUMMARY_PATH, self._serve_summary)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, self.metrics_host, self.config.metrics_port).start()
@@ -251,6 +247,15 @@ class PickerApp:
 
     async def _serve_metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+
+    async def _serve_summary(self, _request: web.Request) -> web.Response:
+        """The load summary as last built (503 while draining, so health checks fail)."""
+        return web.Response(
+            body=self.summary.body,
+            status=200 if self.summary.serving else 503,
+            content_type="application/json",
+            headers={"cache-control": "no-store"},
+        )
 
     async def _serve_health(self, _request: web.Request) -> web.Response:
         serving = self._serving("") == health_pb2.HealthCheckResponse.SERVING
@@ -308,12 +313,24 @@ class PickerApp:
             await self._http.cleanup()
 
     async def run_until_signalled(self) -> None:
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, done.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reloader.reload)
-        await self.start()
-        await done.wait()
-        log.info("picker draining")
-        await self.stop()
+        await serve_until_signalled(self.start, self.stop, "picker", self.reloader.reload)
+
+
+async def serve_until_signalled(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    name: str,
+    on_hangup: Callable[[], object] | None = None,
+) -> None:
+    """Start, wait for SIGTERM or SIGINT (SIGHUP calls `on_hangup`), then stop: the
+    picker's process and the global router's."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
+    if on_hangup is not None:
+        loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    await start()
+    await done.wait()
+    log.info("%s draining", name)
+    await stop()

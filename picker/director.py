@@ -53,6 +53,8 @@ class RequestInfo:
     request_id: str = ""
     authorization: str | None = None
     tenant_claim: str | None = None
+    # The client's allow-list of regions (the global router reads it; Tier 1 ignores it).
+    regions: str | None = None
 
 
 @dataclass(slots=True)

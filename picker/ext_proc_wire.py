@@ -33,7 +33,7 @@ CONTINUE_RESPONSE_HEADERS = ext_proc.ProcessingResponse(
 # Envoy's key for the attributes in ProcessingRequest, whatever the filter is named.
 _ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
 # Every attribute the listener may ask for → the RequestHeaders field it fills.
-_ATTRIBUTE_FIELDS = {**hdr.REQUEST_ATTRIBUTES, **hdr.TENANT_ATTRIBUTES}
+_ATTRIBUTE_FIELDS = {**hdr.REQUEST_ATTRIBUTES, **hdr.TENANT_ATTRIBUTES, **hdr.GLOBAL_ATTRIBUTES}
 
 
 @dataclass(slots=True)
@@ -50,6 +50,8 @@ class RequestHeaders:
     content_length: str | None = None
     authorization: str | None = None
     tenant_claim: str | None = None
+    # The global router's client allow-list of regions (contract.headers.REGIONS).
+    regions: str | None = None
 
 
 def read_headers(header_map: base_pb2.HeaderMap) -> RequestHeaders:
@@ -77,6 +79,8 @@ def read_headers(header_map: base_pb2.HeaderMap) -> RequestHeaders:
             out.authorization = value
         elif key == hdr.TENANT:
             out.tenant_claim = value
+        elif key == hdr.REGIONS:
+            out.regions = value
     return out
 
 

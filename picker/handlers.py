@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from typing import Any, Protocol
 
 from bbr.request import API_PATHS
 from contract.errors import (
@@ -27,7 +28,7 @@ from contract.errors import (
     MethodNotAllowed,
     NotFound,
 )
-from picker.director import Decision, Director, RequestInfo
+from picker.director import RequestInfo
 from picker.ext_proc_wire import (
     CONTINUE_HEADERS,
     CONTINUE_RESPONSE_HEADERS,
@@ -42,8 +43,37 @@ from picker.ext_proc_wire import (
     status_of,
 )
 from picker.h2_grpc import Stream
+from picker.tenants.identity import TenantDirectory
 
 _MODELS_PATHS = frozenset({"/v1/models", "/models"})
+
+
+class Routed(Protocol):
+    """A routing decision as the stream sees it: held for admission, or routed with
+    these `envoy.lb` values; `status` is the upstream's, recorded for the books."""
+
+    admission_wait: float | None
+    headers: list[tuple[str, str]]
+    limit_headers: list[tuple[str, str]] | None
+    status: int
+
+
+class Router(Protocol):
+    """What the stream state machine asks of a director: picker.director.Director (pods
+    of a pool) or globalrouter.director.GlobalDirector (regions); the transport is one."""
+
+    tenants: TenantDirectory
+    config: Any  # its `bbr.max_request_body_bytes` bounds the body
+
+    def models_body(self) -> bytes: ...
+
+    def route_now(self, body: bytes, info: RequestInfo) -> Routed: ...
+
+    async def admit(self, decision: Any) -> None: ...
+
+    def abandon(self, decision: Any) -> None: ...
+
+    def complete(self, decision: Any) -> None: ...
 
 
 class Phase(enum.Enum):
@@ -74,7 +104,7 @@ class ExtProcHandler:
     """Serves envoy.service.ext_proc.v3.ExternalProcessor/Process: `stream` makes the
     per-call state machine for picker.h2_grpc; what the headers alone decide is here."""
 
-    def __init__(self, director: Director) -> None:
+    def __init__(self, director: Router) -> None:
         self.director = director
 
     def stream(self, stream: Stream) -> ExtProcStream:
@@ -135,7 +165,7 @@ class ExtProcStream:
         self._stream = stream
         self._phase = _OPEN
         self._info: RequestHeaders | None = None
-        self._decision: Decision | None = None
+        self._decision: Routed | None = None
         self._admission: asyncio.Task[None] | None = None
 
     def on_message(self, message: bytes) -> None:
@@ -183,6 +213,7 @@ class ExtProcStream:
             request_id=info.request_id,
             authorization=info.authorization,
             tenant_claim=info.tenant_claim,
+            regions=info.regions,
         )
         decision = self._handler.director.route_now(body, request)
         if decision.admission_wait is None:
@@ -195,7 +226,7 @@ class ExtProcStream:
         self._admission = asyncio.get_running_loop().create_task(self._admit(decision))
         self._phase = _HELD
 
-    async def _admit(self, decision: Decision) -> None:
+    async def _admit(self, decision: Routed) -> None:
         """Wait in the pool's admission queue, then answer (or fail) the held request."""
         try:
             await self._handler.director.admit(decision)

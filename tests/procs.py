@@ -111,17 +111,23 @@ def gateway(
     state.mkdir(parents=True, exist_ok=True)
     path = state / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
-    child = start_piped(
-        "igw serve",
-        [sys.executable, "-m", "igw.cli", "serve", "--config", str(path), "--state-dir",
-         str(state), *extra_args],
-    )
+    command = ["serve", "--config", str(path), "--state-dir", str(state), *extra_args]
+    with _igw_url("igw serve", command, timeout) as (proc, url):
+        ports = dict(config["spec"]["ports"])
+        ports["listen"] = config["spec"]["listener"]["port"]
+        yield Gateway(proc, url, state, path, config, ports)
+
+
+@contextlib.contextmanager
+def _igw_url(label: str, command: list[str], timeout: float
+             ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`igw COMMAND...` until its first line, the https:// URL; its stdout (Envoy's access
+    log) drained from then on; stopped by PID (SIGTERM, then SIGKILL) at the end."""
+    child = start_piped(label, [sys.executable, "-m", "igw.cli", *command])
     try:
         url = wait_line(child, lambda line: line.startswith("https://"), timeout)
         child.drain()
-        ports = dict(config["spec"]["ports"])
-        ports["listen"] = config["spec"]["listener"]["port"]
-        yield Gateway(child.proc, url, state, path, config, ports)
+        yield child.proc, url
     finally:
         child.stop(timeout=40)
 
@@ -133,3 +139,47 @@ def mint_key(keys_file: Path, tenant: str) -> str:
         [sys.executable, "-m", "igw.cli", "tenants", "add-key", tenant, "--keys-file",
          str(keys_file)], capture_output=True, text=True, timeout=60, check=True)
     return done.stdout.strip()
+
+
+@dataclass
+class GlobalRouter:
+    proc: subprocess.Popen[bytes]
+    url: str
+    state_dir: Path
+    config: dict[str, Any]
+
+    @property
+    def ca(self) -> Path:
+        return self.state_dir / "tls" / "ca.pem"
+
+    @property
+    def status_url(self) -> str:
+        return f"http://127.0.0.1:{self.config['spec']['ports']['metrics']}/regions"
+
+
+def global_config(regions: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """A GlobalRouterConfig document with free ports for every listener."""
+    listen, picker, metrics, envoy_admin = free_ports(4)
+    return {
+        "apiVersion": "inference-gateway.io/v1alpha1",
+        "kind": "GlobalRouterConfig",
+        "metadata": {"name": "test-global"},
+        "spec": {
+            "regions": regions,
+            "listener": {"address": "127.0.0.1", "port": listen},
+            "ports": {"picker": picker, "metrics": metrics, "envoyAdmin": envoy_admin},
+            **spec,
+        },
+    }
+
+
+@contextlib.contextmanager
+def global_router(tmp: Path, config: dict[str, Any], timeout: float = 60) -> Iterator[GlobalRouter]:
+    """Run `igw global serve` on a config document; yields once its URL line is printed."""
+    state = tmp / f"global-{config['spec']['listener']['port']}"
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "global.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = ["global", "serve", "--config", str(path), "--state-dir", str(state)]
+    with _igw_url("igw global serve", command, timeout) as (proc, url):
+        yield GlobalRouter(proc, url, state, config)

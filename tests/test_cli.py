@@ -9,9 +9,10 @@ import subprocess
 import sys
 
 import httpx
+import psutil
 import yaml
 
-from bench.procs import start_piped, wait_line
+from bench.procs import descendants, start_piped, wait_line
 from igw.ports import free_port
 from igw_envoy.binary import validate_config
 from tests.procs import gateway, gateway_config, sim_fleet
@@ -108,3 +109,41 @@ def test_sim_and_bench_take_their_own_options(tmp_path):
         assert sim.stop(timeout=15) == 0
     bench = subprocess.run([*IGW, "bench", "--help"], capture_output=True, text=True)
     assert bench.returncode == 0 and "--scenario" in bench.stdout
+
+
+def test_igw_global_up_serves_three_regions(tmp_path):
+    """`igw global up`: the URL first, the cheapest region within the SLO answering (the
+    demo's llama SLO fits every region once their speeds are learned; before that the
+    nearest), the allow-list honoured, and every process stopped on SIGTERM."""
+    port = free_port()
+    up = start_piped("igw global up", [*IGW, "global", "up", "--port", str(port)],
+                     env={"IGW_STATE_DIR": str(tmp_path)})
+    try:
+        url = wait_line(up, lambda line: bool(line.strip()), 120)
+        assert url == f"https://127.0.0.1:{port}"
+        up.drain()
+        ca = tmp_path / "global-up" / "tls" / "ca.pem"
+        ctx = ssl.create_default_context(cafile=str(ca))
+        body = {"model": "llama-3.1-8b", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hello"}]}
+        with httpx.Client(base_url=url, verify=ctx, timeout=30) as c:
+            models = {m["id"] for m in c.get("/v1/models").json()["data"]}
+            assert models == {"llama-3.1-8b", "qwen3-32b"}
+            served = {c.post("/v1/chat/completions", json=body).headers["x-gateway-region"]
+                      for _ in range(3)}
+            assert served <= {"us-east-1", "us-west-2", "eu-west-1"}
+            only_eu = c.post("/v1/chat/completions", json=body,
+                             headers={"x-gateway-regions": "eu-west-1"})
+            assert only_eu.status_code == 200 and only_eu.headers["x-gateway-region"] == "eu-west-1"
+            # qwen runs in the US regions only
+            qwen = c.post("/v1/chat/completions", json={**body, "model": "qwen3-32b"},
+                          headers={"x-gateway-regions": "eu-west-1"})
+            assert qwen.status_code == 503
+        children = descendants(up.pid)
+        assert len(children) >= 14  # 3 fleets, 3 x (picker, Envoy, delay proxy), router, Envoy
+        up.proc.send_signal(signal.SIGTERM)
+        assert up.proc.wait(60) == 0
+        assert not [pid for pid in children if psutil.pid_exists(pid)
+                    and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    finally:
+        up.stop(timeout=15)

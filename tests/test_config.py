@@ -376,3 +376,10 @@ def test_api_keys_and_jwt_exclude_each_other():
     jwt = {"jwt": {"issuer": "https://idp", "jwksFile": "/jwks.json"}}
     message = error_of(doc(auth=jwt, tenants={**KEYS, "list": TEAMS}))
     assert message.startswith("spec.tenants.keysFile: not with spec.auth.jwt")
+
+
+def test_a_number_given_as_text_is_a_config_error_not_a_crash() -> None:
+    # `int | float` fields once raised AttributeError while wording the error.
+    sched = {"name": "a", "modelName": "m", "endpoints": ["h:1"], "weights": {"queue": "2"}}
+    with pytest.raises(ConfigError, match=r"weights\.queue: expected int or float, got str"):
+        parse_config(doc(schedulers=[sched]))

@@ -262,7 +262,9 @@ def test_buffer_limits_follow_the_body_limit(tmp_path: Path) -> None:
     h2 = _hcm(bootstrap)["http2_protocol_options"]
     assert h2["initial_stream_window_size"] == limit
     assert h2["initial_connection_window_size"] == limit
-    for cluster in bootstrap["static_resources"]["clusters"][1:]:
+    pools = [c for c in bootstrap["static_resources"]["clusters"] if c["name"].startswith("pool")]
+    assert pools
+    for cluster in pools:
         assert cluster["per_connection_buffer_limit_bytes"] == limit
 
 
@@ -272,7 +274,11 @@ def test_routes_two_pools(tmp_path: Path) -> None:
     routes = _routes(bootstrap)
     assert routes[0]["match"]["path"] == "/healthz"
     assert routes[0]["direct_response"]["status"] == 200
-    for route, sched in zip(routes[1:3], config.schedulers, strict=True):
+    summary = routes[1]  # the global router's poll: the picker's HTTP server, no ext_proc
+    assert summary["match"]["path"] == hdr.LOAD_SUMMARY_PATH
+    assert summary["route"]["cluster"] == "picker_http"
+    assert summary["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"]
+    for route, sched in zip(routes[2:4], config.schedulers, strict=True):
         assert route["match"]["dynamic_metadata"] == [
             {
                 "filter": "envoy.lb",
@@ -289,8 +295,8 @@ def test_routes_two_pools(tmp_path: Path) -> None:
         assert route["route"]["retry_policy"]["retry_on"] == (
             "connect-failure,reset,refused-stream,gateway-error"
         )
-    assert routes[1]["route"]["timeout"] == "120s"
-    assert [r["name"] for r in routes[3:-1]] == [
+    assert routes[2]["route"]["timeout"] == "120s"
+    assert [r["name"] for r in routes[4:-1]] == [
         f"one_message{path.replace('/', '_')}" for path in API_PATHS
     ]
     assert routes[-1]["direct_response"]["status"] == 503  # no pool chosen: no safe guess
@@ -342,7 +348,7 @@ def test_one_pool_fallback_route_goes_to_the_pool(tmp_path: Path) -> None:
 def test_pool_cluster_uses_override_host_over_eds(tmp_path: Path) -> None:
     config, bootstrap = _render(tmp_path, document())
     clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
-    assert set(clusters) == {"picker", "pool_llama"}
+    assert set(clusters) == {"picker", "picker_http", "pool_llama"}
     pool = clusters["pool_llama"]
     assert pool["type"] == "EDS"
     source = pool["eds_cluster_config"]["eds_config"]["path_config_source"]

@@ -15,6 +15,7 @@ import openai
 import orjson
 import pytest
 
+from contract import headers as hdr
 from igw.admin_client import list_pools
 from igw.ports import free_port
 from tests.procs import gateway, gateway_config, sim_fleet
@@ -316,3 +317,36 @@ def test_gateway_metrics_exported(stack, http):
         'igw_prefix_query_blocks_total{pool="llama"}',
     ):
         assert needle in text, needle
+
+
+def test_load_summary_for_the_global_router(stack, http):
+    """GET /igw/v1/load-summary through the TLS listener: every pool, its ready pods and
+    the predicted TTFT of a typical request; rebuilt in the background (generation moves)."""
+    fleet, _ = stack
+    deadline = time.monotonic() + 10
+    while True:  # the first scrapes make the pods ready
+        first = http.get(hdr.LOAD_SUMMARY_PATH)
+        assert first.status_code == 200
+        llama = next(p for p in first.json()["pools"] if p["pool"] == "llama")
+        if llama["readyPods"] == llama["pods"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert first.headers["content-type"].startswith("application/json")
+    doc = first.json()
+    assert doc["version"] == 1 and doc["serving"] is True
+    pools = {p["pool"]: p for p in doc["pools"]}
+    assert set(pools) == {"llama", "qwen", "dead"}
+    llama = pools["llama"]
+    assert llama["model"] == LLAMA and llama["adapters"] == ADAPTERS
+    assert llama["pods"] == llama["readyPods"] == len(fleet.addresses(LLAMA))
+    assert 0 < llama["predictedTtftS"] < 10
+    assert llama["saturated"] is False and 0 <= llama["saturation"] < 1
+    for key in ("queueLength", "engineWaiting", "running", "committedRequests",
+                "committedPrefillTokens", "typicalPromptTokens"):
+        assert llama[key] >= 0, key
+    assert pools["dead"]["readyPods"] == 0 and pools["dead"]["predictedTtftS"] is None
+    deadline = time.monotonic() + 10
+    while http.get(hdr.LOAD_SUMMARY_PATH).json()["generation"] == doc["generation"]:
+        assert time.monotonic() < deadline, "the summary is never rebuilt"
+        time.sleep(0.1)
+    assert http.post(hdr.LOAD_SUMMARY_PATH, json={}).status_code != 200  # GET only

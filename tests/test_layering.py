@@ -1,6 +1,6 @@
 """The package order the README states, checked on every first-party import.
 
-    contract, proto → bbr → igw_envoy → picker → igw;  simulator and bench beside
+    contract, proto → bbr → igw_envoy → picker → globalrouter → igw;  simulator and bench beside
 
 A package may import only the packages listed for it below (its own modules
 always). Every import counts, including ones inside functions and under
@@ -26,6 +26,7 @@ SOURCES = {
     "bbr": ROOT / "bbr",
     "igw_envoy": ROOT / "envoy" / "igw_envoy",
     "picker": ROOT / "picker",
+    "globalrouter": ROOT / "globalrouter",
     "igw": ROOT / "igw",
     "simulator": ROOT / "simulator",
     "bench": ROOT / "bench",
@@ -37,12 +38,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     "bbr": frozenset({"contract"}),
     "igw_envoy": frozenset({"contract", "bbr"}),
     "picker": frozenset({"contract", "proto", "bbr", "igw_envoy"}),
-    "igw": frozenset({"contract", "proto", "bbr", "igw_envoy", "picker"}),
+    # Tier 2 (the global router): the picker framework one level up, on its transport.
+    "globalrouter": frozenset({"contract", "bbr", "picker"}),
+    "igw": frozenset({"contract", "proto", "bbr", "igw_envoy", "picker", "globalrouter"}),
     # A stand-in model server: it shares the contract and nothing of the gateway.
     "simulator": frozenset({"contract"}),
     # The benchmarks drive everything; nothing imports them (`igw bench` runs
     # bench.cli by module name).
-    "bench": frozenset({"contract", "proto", "bbr", "igw_envoy", "picker", "igw", "simulator"}),
+    "bench": frozenset(
+        {"contract", "proto", "bbr", "igw_envoy", "picker", "globalrouter", "igw", "simulator"}
+    ),
 }
 
 

@@ -70,7 +70,7 @@ def test_bootstrap_points_at_the_dynamic_files_and_inline_form_keeps_them(tmp_pa
     assert "pool_a" not in text  # the pool clusters live in the CDS file
     inline = render_bootstrap(config, default_paths(config, tmp_path / "s"))
     names = [c["name"] for c in inline["static_resources"]["clusters"]]
-    assert names == ["picker", "pool_a", "pool_b"]
+    assert names == ["picker", "picker_http", "pool_a", "pool_b"]  # picker_http: the load summary
     assert "dynamic_resources" not in inline
 
 

@@ -23,6 +23,7 @@ LEAST_REQUEST_TYPE = (
     "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"
 )
 PICKER_CLUSTER = "picker"
+PICKER_HTTP_CLUSTER = "picker_http"
 # Many concurrent LLM requests are normal (long streams); Envoy's default of
 # 1024 per cluster would turn a busy pool into 503s (overflow).
 CIRCUIT_LIMIT = 100_000
@@ -34,7 +35,7 @@ PICKER_CONNECT_TIMEOUT = "0.25s"
 UPSTREAM_IDLE_TIMEOUT = "4s"
 
 
-def _thresholds(max_retries: int) -> dict:
+def thresholds(max_retries: int) -> dict:
     return {
         "thresholds": [
             {
@@ -48,7 +49,7 @@ def _thresholds(max_retries: int) -> dict:
     }
 
 
-def _lb_policy() -> dict:
+def override_host_policy() -> dict:
     """override_host from the picker's `envoy.lb` metadata, else least-request."""
     sources = [
         {
@@ -132,8 +133,8 @@ def pool_cluster(name: str, eds_dir: Path, buffer_limit: int, max_fallbacks: int
         },
         "connect_timeout": POOL_CONNECT_TIMEOUT,
         "per_connection_buffer_limit_bytes": buffer_limit,
-        "load_balancing_policy": _lb_policy(),
-        "circuit_breakers": _thresholds(max_retries=max(1000, max_fallbacks * 1000)),
+        "load_balancing_policy": override_host_policy(),
+        "circuit_breakers": thresholds(max_retries=max(1000, max_fallbacks * 1000)),
         "typed_extension_protocol_options": _http1_options(),
         "outlier_detection": _outlier_detection(),
     }
@@ -146,7 +147,7 @@ def picker_cluster(host: str, port: int) -> dict:
         "name": PICKER_CLUSTER,
         "type": "STATIC",
         "connect_timeout": PICKER_CONNECT_TIMEOUT,
-        "circuit_breakers": _thresholds(max_retries=3),
+        "circuit_breakers": thresholds(max_retries=3),
         "typed_extension_protocol_options": {
             UPSTREAM_HTTP_OPTIONS: {
                 "@type": f"type.googleapis.com/{UPSTREAM_HTTP_OPTIONS}",
@@ -157,18 +158,32 @@ def picker_cluster(host: str, port: int) -> dict:
                 },
             }
         },
-        "load_assignment": {
-            "cluster_name": PICKER_CLUSTER,
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {"socket_address": {"address": host, "port_value": port}}
-                            }
-                        }
-                    ]
-                }
-            ],
-        },
+        "load_assignment": static_assignment(PICKER_CLUSTER, [(host, port)]),
     }
+
+
+def picker_http_cluster(host: str, port: int) -> dict:
+    """The picker's plain HTTP server (metrics port), for the load summary route:
+    static, HTTP/1.1, the picker's short connect timeout."""
+    return {
+        "name": PICKER_HTTP_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": PICKER_CONNECT_TIMEOUT,
+        "load_assignment": static_assignment(PICKER_HTTP_CLUSTER, [(host, port)]),
+    }
+
+
+def static_assignment(
+    cluster: str, hosts: list[tuple[str, int]], metadata: list[dict] | None = None
+) -> dict:
+    """A STATIC cluster's `load_assignment`: one locality, these hosts in order, each with
+    its endpoint metadata when given."""
+    endpoints = []
+    for i, (host, port) in enumerate(hosts):
+        endpoint: dict = {
+            "endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}
+        }
+        if metadata is not None:
+            endpoint["metadata"] = metadata[i]
+        endpoints.append(endpoint)
+    return {"cluster_name": cluster, "endpoints": [{"lb_endpoints": endpoints}]}

@@ -106,16 +106,21 @@ def ext_proc_filter(config: GatewayConfig) -> dict:
     aren't available", measured). It clears the route cache only if the answer
     carries a header mutation, so the picker sends an empty one.
     """
+    return ext_proc_filter_for(config.failure_mode == "open", request_attributes(config))
+
+
+def ext_proc_filter_for(fail_open: bool, attributes: list[str]) -> dict:
+    """`ext_proc_filter` from its two variable parts (the global router's is this too)."""
     return {
         "name": EXT_PROC,
         "typed_config": {
             "@type": EXT_PROC_TYPE,
             "grpc_service": {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}},
-            "failure_mode_allow": config.failure_mode == "open",
+            "failure_mode_allow": fail_open,
             # A dead picker with fail-closed: a fast, retryable 503 (not 500).
             "status_on_error": {"code": "ServiceUnavailable"},
             "processing_mode": PROCESSING_MODE,
-            "request_attributes": request_attributes(config),
+            "request_attributes": attributes,
             "message_timeout": MESSAGE_TIMEOUT,
             # The picker may hold a request in its admission queue and extend
             # the deadline with override_message_timeout, up to this.
@@ -149,13 +154,14 @@ def hold_filter(config: GatewayConfig) -> dict:
     `one_message_route` this filter holds the headers until the whole body has
     passed ext_proc, so the router matches after the picker's answer.
     """
+    return hold_filter_for(config.bbr.max_request_body_bytes)
+
+
+def hold_filter_for(body_limit: int) -> dict:
     return {
         "name": BUFFER,
         "disabled": True,
-        "typed_config": {
-            "@type": BUFFER_TYPE,
-            "max_request_bytes": config.bbr.max_request_body_bytes,
-        },
+        "typed_config": {"@type": BUFFER_TYPE, "max_request_bytes": body_limit},
     }
 
 

@@ -11,20 +11,17 @@ copy of that header is stripped before this filter runs.
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from contract import headers
 from contract.config import JwtConfig
+from igw_envoy.upstream_tls import upstream_tls
 
 PROVIDER = "igw"
 JWKS_CLUSTER = "jwks"
 JWT_TYPE = "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication"
-TLS_UPSTREAM_TYPE = (
-    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
-)
 HEALTH_PATH = "/healthz"
 _CA_BUNDLES = (
     "/etc/ssl/certs/ca-certificates.crt",
@@ -63,6 +60,8 @@ def jwt_filter(
         }
     rules = [
         {"match": {"path": HEALTH_PATH}},
+        # The global router's poll of the load summary carries no client token.
+        {"match": {"path": headers.LOAD_SUMMARY_PATH}},
         {"match": {"prefix": "/"}, "requires": {"provider_name": PROVIDER}},
     ]
     return {
@@ -111,35 +110,8 @@ def jwks_cluster(jwks_uri: str) -> dict:
         },
     }
     if tls:
-        cluster["transport_socket"] = _upstream_tls(parts.hostname)
+        cluster["transport_socket"] = upstream_tls(parts.hostname, system_ca_bundle())
     return cluster
-
-
-def _upstream_tls(host: str) -> dict:
-    san_type = "IP_ADDRESS" if _is_ip(host) else "DNS"
-    return {
-        "name": "envoy.transport_sockets.tls",
-        "typed_config": {
-            "@type": TLS_UPSTREAM_TYPE,
-            "sni": host,
-            "common_tls_context": {
-                "validation_context": {
-                    "trusted_ca": {"filename": system_ca_bundle()},
-                    "match_typed_subject_alt_names": [
-                        {"san_type": san_type, "matcher": {"exact": host}}
-                    ],
-                }
-            },
-        },
-    }
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def system_ca_bundle() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract import headers
 from contract.config import GatewayConfig
 from igw_envoy import replies
 from igw_envoy.downstream_tls import downstream_tls
@@ -48,25 +49,36 @@ class ListenerInputs:
 
 def listener(config: GatewayConfig, inputs: ListenerInputs) -> dict:
     """The HTTPS listener on listen_address:listen_port."""
-    limit = config.bbr.max_request_body_bytes
-    socket_address: dict = {"address": config.listen_address, "port_value": config.listen_port}
-    if config.listen_address == "::":
+    return https_listener(
+        config.listen_address,
+        config.listen_port,
+        config.bbr.max_request_body_bytes,
+        http_connection_manager(config, inputs),
+        inputs.sds_dir,
+    )
+
+
+def https_listener(address: str, port: int, body_limit: int, hcm: dict, sds_dir: Path) -> dict:
+    """A TLS listener (certificate from the SDS file) running `hcm`; the global router's
+    front door (igw_envoy.global_front) is the same listener with its own manager."""
+    socket_address: dict = {"address": address, "port_value": port}
+    if address == "::":
         socket_address["ipv4_compat"] = True  # "all addresses" includes IPv4 clients
     return {
         "name": "https",
         "address": {"socket_address": socket_address},
         # A buffered body beyond the connection buffer limit is a 413 from
         # Envoy (1 MiB by default, DESIGN §8): the limit is the body limit.
-        "per_connection_buffer_limit_bytes": limit,
+        "per_connection_buffer_limit_bytes": body_limit,
         "filter_chains": [
             {
                 "filters": [
                     {
                         "name": "envoy.filters.network.http_connection_manager",
-                        "typed_config": http_connection_manager(config, inputs),
+                        "typed_config": hcm,
                     }
                 ],
-                "transport_socket": downstream_tls(inputs.sds_dir),
+                "transport_socket": downstream_tls(sds_dir),
             }
         ],
     }
@@ -74,6 +86,19 @@ def listener(config: GatewayConfig, inputs: ListenerInputs) -> dict:
 
 def http_connection_manager(config: GatewayConfig, inputs: ListenerInputs) -> dict:
     longest = max(s.route_timeout_s for s in config.schedulers)
+    return {
+        **connection_manager_base(config.bbr.max_request_body_bytes, longest),
+        "http_filters": http_filters(config, inputs.jwt_base_dir),
+        **_routes(config, inputs),
+        "local_reply_config": replies.local_reply_config(config.bbr.max_request_body_bytes),
+        "access_log": replies.access_log(inputs.access_log_path, headers.LOAD_SUMMARY_PATH)
+        + ([usage_access_log()] if measures_usage(config) else []),
+    }
+
+
+def connection_manager_base(body_limit: int, longest_route_s: float) -> dict:
+    """What every gateway listener's connection manager shares (Tier 1 and the global
+    router): request ids, path normalization, timeouts, HTTP/2 windows, the early strip."""
     return {
         "@type": HCM_TYPE,
         "stat_prefix": "ingress_https",
@@ -88,15 +113,10 @@ def http_connection_manager(config: GatewayConfig, inputs: ListenerInputs) -> di
         "request_headers_timeout": "10s",
         # Streams are idle while a long prompt waits in a queue or prefills;
         # never cut them before the route timeout would.
-        "stream_idle_timeout": duration(max(longest, 300.0)),
+        "stream_idle_timeout": duration(max(longest_route_s, 300.0)),
         "common_http_protocol_options": {"idle_timeout": "3600s"},
-        "http2_protocol_options": h2_options(config.bbr.max_request_body_bytes),
+        "http2_protocol_options": h2_options(body_limit),
         "early_header_mutation_extensions": [early_strip()],
-        "http_filters": http_filters(config, inputs.jwt_base_dir),
-        **_routes(config, inputs),
-        "local_reply_config": replies.local_reply_config(config.bbr.max_request_body_bytes),
-        "access_log": replies.access_log(inputs.access_log_path)
-        + ([usage_access_log()] if measures_usage(config) else []),
     }
 
 

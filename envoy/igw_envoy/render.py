@@ -20,8 +20,9 @@ from pathlib import Path
 import yaml
 
 from contract.config import ConfigError, GatewayConfig, load_config
+from contract.global_config import GlobalRouterConfig
 from igw_envoy.binary import validate_config
-from igw_envoy.clusters import picker_cluster
+from igw_envoy.clusters import picker_cluster, picker_http_cluster
 from igw_envoy.eds import cluster_name, eds_path, write_endpoints
 from igw_envoy.jwt import jwks_cluster
 from igw_envoy.listener import ListenerInputs, listener
@@ -65,7 +66,7 @@ class RenderPaths:
 
 
 def default_paths(
-    config: GatewayConfig,
+    config: GatewayConfig | GlobalRouterConfig,
     state_dir: Path,
     *,
     access_log: str | None = None,
@@ -99,7 +100,11 @@ def render_bootstrap(config: GatewayConfig, paths: RenderPaths, *, dynamic: bool
     add or remove pools without restarting Envoy.
     """
     picker_host, _, picker_port = paths.picker_address.rpartition(":")
-    clusters = [picker_cluster(picker_host.strip("[]"), int(picker_port))]
+    picker_host = picker_host.strip("[]")
+    clusters = [
+        picker_cluster(picker_host, int(picker_port)),
+        picker_http_cluster(picker_host, config.metrics_port),
+    ]
     if not dynamic:
         clusters += pool_clusters(config, paths.eds_dir)
     if config.jwt is not None and config.jwt.jwks_uri:
@@ -187,7 +192,7 @@ def write_bootstrap(
         jwt_base_dir=jwt_base_dir,
     )
     paths.state_dir.mkdir(parents=True, exist_ok=True)
-    tls_files = _ensure_certificate(config, paths)
+    tls_files = ensure_certificate(config, paths)
     watched = reload_dir(tls_files.cert.parent) if tls_files.ca_cert is not None else None
     write_secret(paths.sds_dir, paths.cert, paths.key, watched_dir=watched)
     for sched in config.schedulers:
@@ -209,7 +214,7 @@ def write_bootstrap(
     return paths.bootstrap
 
 
-def certificate_hosts(config: GatewayConfig) -> tuple[str, ...]:
+def certificate_hosts(config: GatewayConfig | GlobalRouterConfig) -> tuple[str, ...]:
     """Names the generated certificate covers: loopback, the listen address, this host."""
     hosts = ["localhost", "127.0.0.1", "::1"]
     if config.listen_address not in _ANY_ADDRESS:
@@ -220,7 +225,9 @@ def certificate_hosts(config: GatewayConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(hosts))
 
 
-def _ensure_certificate(config: GatewayConfig, paths: RenderPaths) -> TlsFiles:
+def ensure_certificate(config: GatewayConfig | GlobalRouterConfig, paths: RenderPaths
+                       ) -> TlsFiles:
+    """The listener's certificate: the configured files, else a generated self-signed one."""
     if config.tls.certificate_file and config.tls.key_file:
         for path in (paths.cert, paths.key):
             if not path.is_file():

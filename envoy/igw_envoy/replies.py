@@ -188,11 +188,18 @@ STDOUT_LOG_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.stream.v3
 FILE_LOG_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
 
 
-def access_log(path: str | None) -> list[dict]:
-    """One JSON line per request, to stdout (path None) or a file."""
+def access_log(path: str | None, skip_path: str | None = None) -> list[dict]:
+    """One JSON line per request, to stdout (path None) or a file; none for requests to
+    `skip_path` (Tier 1: the global router's load-summary polls, several a second)."""
     log_format = {"json_format": ACCESS_LOG_FORMAT}
     if path is None:
         config = {"@type": STDOUT_LOG_TYPE, "log_format": log_format}
-        return [{"name": "envoy.access_loggers.stdout", "typed_config": config}]
-    config = {"@type": FILE_LOG_TYPE, "path": path, "log_format": log_format}
-    return [{"name": "envoy.access_loggers.file", "typed_config": config}]
+        entry = {"name": "envoy.access_loggers.stdout", "typed_config": config}
+    else:
+        config = {"@type": FILE_LOG_TYPE, "path": path, "log_format": log_format}
+        entry = {"name": "envoy.access_loggers.file", "typed_config": config}
+    if skip_path is not None:
+        entry["filter"] = {"header_filter": {"header": {
+            "name": ":path", "string_match": {"exact": skip_path}, "invert_match": True,
+        }}}
+    return [entry]

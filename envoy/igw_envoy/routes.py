@@ -13,6 +13,7 @@ from __future__ import annotations
 from bbr.request import API_PATHS
 from contract import headers
 from contract.config import GatewayConfig, SchedulerConfig
+from igw_envoy.clusters import PICKER_HTTP_CLUSTER
 from igw_envoy.eds import cluster_name
 from igw_envoy.http_filters import BUFFER, EXT_PROC, FALLBACK, PROCESSING_MODE, needs_fallback
 from igw_envoy.jwt import HEALTH_PATH
@@ -75,6 +76,19 @@ def health_route() -> dict:
     }
 
 
+def load_summary_route() -> dict:
+    """The picker's load summary for the global router (picker.load_summary), on the
+    same TLS listener as the traffic: one endpoint and one CA per region, and the RTT
+    the global router measures on it is the traffic's. Served by the picker's HTTP
+    server without ext_proc (nothing to route) and, like /healthz, without a token."""
+    return {
+        "name": "load_summary",
+        "match": {"path": headers.LOAD_SUMMARY_PATH, "headers": [_exact(":method", "GET")]},
+        "route": {"cluster": PICKER_HTTP_CLUSTER, "timeout": "2s"},
+        "typed_per_filter_config": {EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "disabled": True}},
+    }
+
+
 def _exact(name: str, value: str) -> dict:
     return {"name": name, "string_match": {"exact": value}}
 
@@ -123,7 +137,11 @@ def one_message_route(config: GatewayConfig, path: str) -> dict:
     chunked body, a declared size over the limit) takes the two-message path,
     where the picker decides from the headers alone, before the body is read.
     """
-    limit = config.bbr.max_request_body_bytes
+    return one_message_route_for(config.bbr.max_request_body_bytes, path, _no_pool_action(config))
+
+
+def one_message_route_for(limit: int, path: str, action: dict) -> dict:
+    """`one_message_route` with its action given (the global router's goes to regions)."""
     size = {"safe_regex": {"regex": decimal_at_most(limit)}}
     overrides = {"processing_mode": {**PROCESSING_MODE, "request_header_mode": "SKIP"}}
     return {
@@ -135,7 +153,7 @@ def one_message_route(config: GatewayConfig, path: str) -> dict:
                 {"name": "content-length", "string_match": size},
             ],
         },
-        **_no_pool_action(config),
+        **action,
         "typed_per_filter_config": {
             EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "overrides": overrides},
             # A per-route config turns the disabled filter on. (A bare FilterConfig
@@ -207,7 +225,7 @@ def route_config(config: GatewayConfig) -> dict:
     """Health check, one route per pool on the picker's answer, the picker-less
     fallback routes (fail-open, several pools), the one-message routes, then the
     fallback."""
-    routes = [health_route()]
+    routes = [health_route(), load_summary_route()]
     tenants = config.tenants is not None
     routes += [pool_route(pool, config.max_fallbacks, tenants) for pool in config.schedulers]
     if needs_fallback(config):

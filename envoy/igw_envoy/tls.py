@@ -206,7 +206,7 @@ def _covered_hosts(cert: x509.Certificate) -> set[str]:
 
 
 def _server_ok(cert: x509.Certificate, ca: x509.Certificate, hosts: Sequence[str]) -> bool:
-    wanted = {str(ipaddress.ip_address(h)) if _is_ip(h) else h for h in hosts}
+    wanted = {str(ipaddress.ip_address(h)) if is_ip(h) else h for h in hosts}
     if not _fresh(cert) or cert.issuer != ca.subject or not wanted <= _covered_hosts(cert):
         return False
     try:
@@ -216,7 +216,7 @@ def _server_ok(cert: x509.Certificate, ca: x509.Certificate, hosts: Sequence[str
     return True
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:

@@ -47,16 +47,19 @@ request of a limited key with 503 `rate_limit_unavailable` and Retry-After
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from contract.config import RateLimits
+from contract.config import CoordinationConfig, RateLimits
 from contract.errors import ApiError, echo
 
 if TYPE_CHECKING:
     from picker.tenants.limits_sync import LimitSync
+
+log = logging.getLogger("picker.tenants.limits")
 
 __all__ = [
     "FAILURE_MODES",
@@ -482,6 +485,29 @@ class Limiter:
         self.shared = True
         self.last_ok = self.clock()
         await self._sync.start()
+
+    async def start_shared(self, settings: CoordinationConfig | None, key_prefix: str, *,
+                           replica: str | None = None) -> None:
+        """Share the limits through the coordination Redis of `settings` (None: this
+        replica enforces them alone); a password that cannot be read is logged and the
+        limits stay local, since a limiter that will not start must not stop the gateway."""
+        if settings is None:
+            await self.start(None, "")
+            return
+        from picker.coordination.bus import BusError, read_password, redis_client
+
+        try:
+            password = read_password(settings.password_file)
+        except BusError as exc:
+            log.error("tenant limits not shared (each replica enforces them alone): %s", exc)
+            await self.start(None, "")
+            return
+        await self.start(
+            lambda: redis_client(settings, password, settings.timeout_s, 2),
+            key_prefix,
+            replica=replica,
+            timeout_s=settings.timeout_s,
+        )
 
     async def stop(self) -> None:
         if self._sync is not None:

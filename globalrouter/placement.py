@@ -1,0 +1,116 @@
+"""Placement: which regions may take a request (filters), and in which order (policy).
+
+Filters are masks over the regions, applied in a fixed order; the first that
+leaves no region names the constraint in the 503 (`NoEligibleRegion`):
+
+    fresh        the region's summary is fresh (its last poll succeeded, not stale)
+    serves       a pool of the region serves the model and has a ready pod
+    not-drained  the operator did not drain the region (spec.regions[].drain)
+    residency    the model's policy allows the region's `residency` tag
+    allow-list   the client's `x-gateway-regions` names it (it can only narrow)
+
+Then the order, which Envoy follows on retries (the n-th attempt goes to the
+n-th region, igw_envoy.global_front): regions below the spill-over saturation
+first, saturated ones after them (spill-over), each group by the policy:
+
+    cheapest-within-slo  regions predicted to meet the TTFT SLO (the summary's
+                         predicted TTFT + the measured RTT), cheapest first
+                         (ties: faster first), then the rest, fastest first
+    fastest              fastest first
+
+All of it is numpy over a few regions; nothing here waits or allocates per region.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from contract.errors import NoEligibleRegion, echo
+from contract.global_config import ModelPolicy
+from globalrouter.regions import ModelView, RegionTable
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The regions to try, best first (rows of the table), and what was predicted."""
+
+    rows: tuple[int, ...]
+    names: tuple[str, ...]
+    addresses: tuple[str, ...]
+    predicted_ttft_s: float  # of the first region: its summary's prediction + RTT
+    meets_slo: bool
+
+
+def allow_list(table: RegionTable, header: str | None) -> np.ndarray | None:
+    """The client's `x-gateway-regions: a,b` as a mask (None: no header, no constraint).
+
+    Unknown names allow nothing (an allow-list naming only unknown regions is empty,
+    a 503 naming it, never a silent widening); spaces around names are ignored.
+    """
+    if header is None:
+        return None
+    mask = np.zeros(len(table), dtype=bool)
+    for name in header.split(","):
+        row = table.index.get(name.strip())
+        if row is not None:
+            mask[row] = True
+    return mask
+
+
+def place(
+    table: RegionTable,
+    model: str,
+    view: ModelView,
+    policy: ModelPolicy,
+    allowed: np.ndarray | None,
+    now: float,
+    count: int,
+    allow_header: str | None = None,
+) -> Placement:
+    """Up to `count` regions for `model`, best first; NoEligibleRegion when none may."""
+    keep = table.fresh(now)
+    _require(keep, f"no region has a fresh load summary for model `{echo(model)}`")
+    keep = keep & view.serves & view.ready
+    _require(keep, f"no healthy region has a ready pod for model `{echo(model)}`")
+    keep &= ~table.drained
+    _require(keep, f"every region serving model `{echo(model)}` is drained")
+    residency = table.residency_mask(policy)
+    if residency is not None:
+        keep &= residency
+        _require(keep, f"no region with residency {', '.join(policy.residency)} can serve "
+                       f"model `{echo(model)}` now")
+    if allowed is not None:
+        keep &= allowed
+        _require(keep, f"no region allowed by x-gateway-regions "
+                       f"({echo(allow_header or '', 100)!r}) can serve model `{echo(model)}` now")
+    rows = np.flatnonzero(keep)
+    ttft = view.ttft_s[rows] + table.rtt_s[rows]
+    order = _order(rows, ttft, view, policy, table.config.spill_saturation)[:count]
+    chosen = rows[order]
+    first = float(ttft[order[0]])
+    return Placement(
+        rows=tuple(int(r) for r in chosen),
+        names=tuple(table.names[r] for r in chosen),
+        addresses=tuple(table.addresses[r] for r in chosen),
+        predicted_ttft_s=first,
+        meets_slo=first <= policy.ttft_slo_s,
+    )
+
+
+def _require(mask: np.ndarray, message: str) -> None:
+    if not mask.any():
+        raise NoEligibleRegion(message)
+
+
+def _order(rows: np.ndarray, ttft: np.ndarray, view: ModelView, policy: ModelPolicy,
+           spill: float) -> np.ndarray:
+    """Positions into `rows`, best first (see the module docstring)."""
+    spilled = (view.saturation[rows] >= spill) | view.saturated[rows]
+    if policy.policy == "fastest":
+        return np.lexsort((ttft, spilled))
+    misses = ttft > policy.ttft_slo_s
+    # within the SLO: by cost; beyond it: cost does not matter, speed does
+    cost = np.where(misses, 0.0, view.cost[rows])
+    return np.lexsort((ttft, cost, misses, spilled))

@@ -1,0 +1,204 @@
+"""The global router's region table, filters and placement (globalrouter.regions,
+globalrouter.placement) on hand-written load summaries; the poller's summary checks."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+import pytest
+
+from contract.errors import NoEligibleRegion
+from contract.global_config import parse_global_config
+from globalrouter.placement import allow_list, place
+from globalrouter.poller import SummaryError, parse_summary
+from globalrouter.regions import RegionTable
+
+M = "llama"
+NOW = 1000.0
+
+
+def _table(models=None, **spec) -> RegionTable:
+    regions = [
+        {"name": "near", "endpoint": "127.0.0.2:1", "tags": {"residency": "us"},
+         "costs": {M: {"perMillionTokens": 0.30}}},
+        {"name": "mid", "endpoint": "127.0.0.3:1", "tags": {"residency": "us"},
+         "costs": {M: {"perMillionTokens": 0.20}}},
+        {"name": "far", "endpoint": "127.0.0.4:1", "tags": {"residency": "eu"},
+         "costs": {M: {"perMillionTokens": 0.10}}},
+    ]
+    doc = {"apiVersion": "inference-gateway.io/v1alpha1", "kind": "GlobalRouterConfig",
+           "spec": {"regions": regions, "models": models or [
+               {"name": M, "policy": "cheapest-within-slo", "ttftSlo": "500ms"}], **spec}}
+    return RegionTable(parse_global_config(doc))
+
+
+def _summary(ttft: float | None, generation: int = 1, ready: int = 2, saturation: float = 0.1,
+             saturated: bool = False, adapters=(), model: str = M) -> dict:
+    return {"version": 1, "generation": generation, "serving": True, "pools": [{
+        "pool": "p", "model": model, "adapters": list(adapters), "pods": 2, "readyPods": ready,
+        "saturation": saturation, "saturated": saturated, "predictedTtftS": ttft}]}
+
+
+def _feed(table: RegionTable, ttfts: dict[str, float], rtts: dict[str, float] | None = None,
+          **summary) -> None:
+    for name, ttft in ttfts.items():
+        rtt = (rtts or {}).get(name, 0.01)
+        table.record_ok(table.index[name], _summary(ttft, **summary), rtt, NOW)
+
+
+def _place(table: RegionTable, header: str | None = None, count: int = 3, now: float = NOW):
+    policy = table.config.policy_for(M)
+    return place(table, M, table.views[M], policy, allow_list(table, header), now, count, header)
+
+
+def test_cheapest_region_within_the_slo_first_then_by_speed():
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30}, {"far": 0.10})
+    placed = _place(table)
+    assert placed.names == ("far", "mid", "near")  # all within 500 ms: by price
+    assert placed.meets_slo and math.isclose(placed.predicted_ttft_s, 0.40)
+    assert placed.addresses[0] == "127.0.0.4:1"
+
+
+def test_a_region_missing_the_slo_goes_after_those_meeting_it_and_rtt_counts():
+    table = _table()
+    # far's own TTFT fits, but with its RTT it misses the 500 ms SLO
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30}, {"far": 0.25})
+    assert _place(table).names == ("mid", "near", "far")
+
+
+def test_none_meets_the_slo_then_the_fastest_first():
+    table = _table()
+    _feed(table, {"near": 0.9, "mid": 0.7, "far": 2.0})
+    placed = _place(table)
+    assert placed.names == ("mid", "near", "far") and not placed.meets_slo
+
+
+def test_fastest_policy_ignores_price():
+    table = _table(models=[{"name": M, "policy": "fastest"}])
+    _feed(table, {"near": 0.05, "mid": 0.03, "far": 0.30})
+    assert _place(table).names == ("mid", "near", "far")
+
+
+def test_a_saturated_region_is_spilled_over_to_the_back():
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10})
+    table.record_ok(table.index["far"], _summary(0.1, saturation=1.2), 0.01, NOW)
+    assert _place(table).names == ("mid", "near", "far")
+    table.record_ok(table.index["far"], _summary(0.1, generation=2, saturated=True), 0.01, NOW)
+    assert _place(table).names[-1] == "far"
+    # every region saturated: still placed (Tier 1 queues or sheds), cheapest first
+    for name in ("near", "mid"):
+        table.record_ok(table.index[name], _summary(0.1, generation=3, saturation=2.0), 0.01, NOW)
+    assert _place(table).names[0] == "far"
+
+
+def test_count_bounds_the_retry_list():
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30})
+    assert _place(table, count=2).names == ("far", "mid")
+
+
+def test_the_allow_list_only_narrows():
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30})
+    assert _place(table, " near , mid").names == ("mid", "near")
+    assert _place(table, "near,unknown").names == ("near",)
+    for header in ("", "unknown", " , "):
+        with pytest.raises(NoEligibleRegion, match="x-gateway-regions"):
+            _place(table, header)
+
+
+def test_residency_filter_names_the_residency():
+    table = _table(models=[{"name": M, "residency": ["eu"]}])
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30})
+    assert _place(table).names == ("far",)
+    table.record_failure(table.index["far"], "refused")
+    with pytest.raises(NoEligibleRegion, match="residency eu"):
+        _place(table)
+
+
+def test_stale_failed_drained_and_unready_regions_are_filtered():
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30})
+    stale = NOW + table.config.polling.stale_after_s + 0.01
+    with pytest.raises(NoEligibleRegion, match="no region has a fresh load summary"):
+        _place(table, now=stale)
+    table.record_failure(table.index["far"], "ClientConnectorError: refused")
+    assert "far" not in _place(table).names
+    table.record_ok(table.index["mid"], _summary(0.1, generation=2, ready=0), 0.01, NOW)
+    assert _place(table).names == ("near",)
+    table.drained[table.index["near"]] = True
+    with pytest.raises(NoEligibleRegion, match="drained"):
+        _place(table)
+
+
+def test_a_summary_whose_generation_stops_moving_ages_out():
+    table = _table()
+    row = table.index["near"]
+    table.record_ok(row, _summary(0.05, generation=7), 0.01, NOW)
+    table.record_ok(row, _summary(0.05, generation=7), 0.01, NOW + 1.5)  # same document
+    stale_after = table.config.polling.stale_after_s
+    assert table.fresh(NOW + stale_after - 0.01)[row]
+    assert not table.fresh(NOW + stale_after + 0.01)[row]
+    table.record_ok(row, _summary(0.05, generation=8), 0.01, NOW + 5)
+    assert table.fresh(NOW + 5)[row]
+
+
+def test_a_draining_region_is_unknown_at_once():
+    table = _table()
+    row = table.index["near"]
+    table.record_ok(row, _summary(0.05), 0.01, NOW)
+    draining = {**_summary(0.05, generation=2), "serving": False}
+    table.record_ok(row, draining, 0.01, NOW + 0.1)
+    assert not table.fresh(NOW + 0.1)[row]
+
+
+def test_rtt_is_the_median_of_recent_polls():
+    table = _table()
+    row = table.index["near"]
+    for i, rtt in enumerate((0.02, 0.02, 0.5, 0.02, 0.03)):
+        table.record_ok(row, _summary(0.05, generation=i), rtt, NOW)
+    assert table.rtt_s[row] == pytest.approx(0.02)
+
+
+def test_adapters_are_served_names_and_hostile_figures_are_ignored():
+    table = _table()
+    row = table.index["near"]
+    summary = _summary(0.05, adapters=["sql-lora"])
+    summary["pools"][0]["saturation"] = "high"
+    summary["pools"][0]["readyPods"] = float("nan")
+    summary["pools"].append({"model": 5, "adapters": None})
+    table.record_ok(row, summary, 0.01, NOW)
+    assert set(table.models()) == {M, "sql-lora"}
+    view = table.views["sql-lora"]
+    assert view.serves[row] and not view.ready[row] and view.saturation[row] == 0.0
+    assert math.isinf(view.cost[row])  # no price for the adapter: last among equals
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"{", "not JSON"),
+    (b"[]", "not a version 1"),
+    (b'{"version": 2, "pools": [], "generation": 1}', "not a version 1"),
+    (b'{"version": 1, "pools": {}, "generation": 1}', "needs `pools`"),
+    (b'{"version": 1, "pools": [], "generation": "1"}', "needs `pools`"),
+    (b'{"version": 1, "pools": [3], "generation": 1}', "every pool entry"),
+])
+def test_the_poller_refuses_what_is_not_a_summary(body: bytes, message: str):
+    with pytest.raises(SummaryError, match=message):
+        parse_summary(body)
+    assert parse_summary(orjson.dumps(_summary(0.1)))["generation"] == 1
+
+
+def test_one_timeout_is_tolerated_a_second_is_not():
+    table = _table()
+    row = table.index["near"]
+    table.record_ok(row, _summary(0.05), 0.01, NOW)
+    table.record_failure(row, "TimeoutError", definite=False)
+    assert table.fresh(NOW)[row]
+    table.record_failure(row, "TimeoutError", definite=False)
+    assert not table.fresh(NOW)[row]
+    table.record_ok(row, _summary(0.05, generation=2), 0.01, NOW)
+    table.record_failure(row, "ClientConnectorError: refused")
+    assert not table.fresh(NOW)[row]

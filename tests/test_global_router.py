@@ -1,0 +1,267 @@
+"""The global router for real: `igw global serve` in front of three Tier-1 `igw serve`.
+
+Each region is a real Tier-1 gateway (picker + Envoy) on its own loopback address
+(127.0.0.2-4) in front of simulated pods (one simulator process holds the three
+regions' pods); the global tier is the real router process behind its real Envoy,
+reaching the regions over TLS with each region's own CA. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import ssl
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contract import headers as hdr
+from tests.procs import gateway, gateway_config, global_config, global_router, sim_fleet
+from tests.test_reliability_support import Figures, envoy_stat, wait_for
+
+LLAMA = "llama-3.1-8b"
+# name, loopback address, GPU of its pods, price per million tokens, residency
+REGIONS = (
+    ("us-east-1", "127.0.0.2", "h100", 0.30, "us"),
+    ("us-west-2", "127.0.0.3", "a100", 0.18, "us"),
+    ("eu-west-1", "127.0.0.4", "a10g", 0.10, "eu"),
+)
+RETRIES = "cluster.regions.upstream_rq_retry"
+BODY = {"model": LLAMA, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+
+
+def _pods() -> list[dict]:
+    return [
+        {"name": f"{name}-{i}", "gpu": gpu, "model": LLAMA, "engine": "vllm"}
+        for name, _, gpu, _, _ in REGIONS
+        for i in range(2)
+    ]
+
+
+def _tier1_config(fleet, name: str, address: str) -> dict:
+    endpoints = [fleet.address(f"{name}-{i}") for i in range(2)]
+    config = gateway_config([{"name": "llama", "modelName": LLAMA, "endpoints": endpoints}])
+    config["metadata"]["name"] = name
+    config["spec"]["listener"]["address"] = address
+    return config
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Three regions and the global router; yields (router, {region: Tier-1 gateway},
+    {region: Tier-1 config})."""
+    tmp = tmp_path_factory.mktemp("global")
+    with sim_fleet(tmp, _pods(), time_scale=10.0) as fleet, contextlib.ExitStack() as stack:
+        tier1, configs = {}, {}
+        for name, address, _, _, _ in REGIONS:
+            configs[name] = _tier1_config(fleet, name, address)
+            tier1[name] = stack.enter_context(gateway(tmp, configs[name]))
+        regions = [
+            {
+                "name": name,
+                "endpoint": f"{address}:{configs[name]['spec']['listener']['port']}",
+                "caFile": str(tier1[name].ca),
+                "tags": {"residency": residency},
+                "costs": {LLAMA: {"perMillionTokens": price}},
+            }
+            for name, address, _, price, residency in REGIONS
+        ]
+        doc = global_config(
+            regions,
+            models=[{"name": LLAMA, "policy": "cheapest-within-slo", "ttftSlo": "10s"}],
+            polling={"interval": "100ms", "staleAfter": "1s"},
+        )
+        with global_router(tmp, doc) as router:
+            _wait_fresh(router, {n for n, *_ in REGIONS})
+            yield router, tier1, configs, tmp
+
+
+def _status(router) -> dict:
+    return httpx.get(router.status_url, timeout=5).json()
+
+
+def _fresh(router) -> set[str]:
+    return {r["name"] for r in _status(router)["regions"] if r["fresh"] and all(
+        p["readyPods"] == p["pods"] for p in r["pools"])}
+
+
+def _wait_fresh(router, names: set[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not names <= _fresh(router):
+        assert time.monotonic() < deadline, f"regions not fresh: {_status(router)}"
+        time.sleep(0.1)
+
+
+def _client(router) -> httpx.Client:
+    ctx = ssl.create_default_context(cafile=str(router.ca))
+    return httpx.Client(base_url=router.url, verify=ctx, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(world):
+    with _client(world[0]) as http:
+        yield http
+
+
+def _chat(client, regions: str | None = None) -> httpx.Response:
+    headers = {hdr.REGIONS: regions} if regions is not None else {}
+    return client.post("/v1/chat/completions", json=BODY, headers=headers)
+
+
+def test_every_answer_names_its_region_and_the_cheapest_within_slo_wins(client):
+    reply = _chat(client)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers[hdr.REGION] == "eu-west-1"  # the cheapest; a 10 s SLO fits all
+    assert reply.json()["choices"][0]["message"]["content"]
+
+
+def test_the_allow_list_narrows_the_choice(client):
+    assert _chat(client, "us-east-1").headers[hdr.REGION] == "us-east-1"
+    # of the two allowed, the cheaper one; spaces and case of the list are the client's
+    assert _chat(client, "us-east-1, us-west-2").headers[hdr.REGION] == "us-west-2"
+
+
+@pytest.mark.parametrize("allowed", ["mars", "", "mars,venus"])
+def test_an_empty_allow_list_is_a_503_naming_the_constraint(client, allowed):
+    reply = _chat(client, allowed)
+    assert reply.status_code == 503
+    assert reply.headers["retry-after"] == "1"
+    error = reply.json()["error"]
+    assert error["code"] == "no_eligible_region"
+    assert "x-gateway-regions" in error["message"]
+    assert hdr.REGION not in reply.headers
+
+
+def test_models_unknown_model_and_bad_body(client):
+    models = client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [LLAMA]
+    unknown = client.post("/v1/chat/completions", json={**BODY, "model": "gpt-9"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    bad = client.post("/v1/chat/completions", content=b"{nope",
+                      headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_router_measures_each_region(world):
+    router = world[0]
+    regions = {r["name"]: r for r in _status(router)["regions"]}
+    for name, address, *_ in REGIONS:
+        region = regions[name]
+        assert region["fresh"] and region["address"].startswith(address)
+        assert 0 < region["rttS"] < 0.5
+        assert region["pools"][0]["model"] == LLAMA
+
+
+async def _load(router, body: dict, count: int, concurrency: int, seconds: float,
+                on_half: Callable[[], None]) -> tuple[Counter, list[str]]:
+    """`count` requests at most over at most `seconds`, `concurrency` at a time; calls
+    `on_half` once half were sent. Returns statuses and the regions that answered."""
+    ctx = ssl.create_default_context(cafile=str(router.ca))
+    statuses: Counter = Counter()
+    served: list[str] = []
+    sent = 0
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(base_url=router.url, verify=ctx, timeout=30) as http:
+        async def worker() -> None:
+            nonlocal sent
+            while sent < count and time.monotonic() < deadline:
+                sent += 1
+                if sent == count // 2:
+                    on_half()
+                try:
+                    reply = await http.post("/v1/chat/completions", json=body)
+                except httpx.HTTPError as exc:
+                    statuses[type(exc).__name__] += 1
+                    continue
+                statuses[reply.status_code] += 1
+                served.append(reply.headers.get(hdr.REGION, ""))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return statuses, served
+
+
+def test_killing_the_serving_region_loses_no_request_and_is_detected(world):
+    """SIGKILL the chosen region's `igw serve` (its picker and Envoy die with it) in the
+    middle of a bounded load of requests that each take ~0.1 s: every request still
+    succeeds (those in flight there are reset before their response headers and retried
+    on the next region), the router stops placing there within a second, and placing
+    comes back when the region does."""
+    router, tier1, configs, tmp = world
+    admin = router.config["spec"]["ports"]["envoyAdmin"]
+    retries_before = envoy_stat(admin, RETRIES) or 0.0
+    killed: dict[str, float] = {}
+    figures = Figures("global router: a region killed under load")
+
+    def watch_detection() -> None:
+        figures["detection_s"] = wait_for(
+            lambda: "eu-west-1" not in _fresh(router), 5, "the router to drop eu-west-1")
+
+    watcher = threading.Thread(target=watch_detection)
+
+    def kill() -> None:
+        os.kill(tier1["eu-west-1"].proc.pid, signal.SIGKILL)
+        killed["at"] = time.monotonic()
+        watcher.start()
+
+    body = {**BODY, "max_tokens": 64}
+    statuses, served = asyncio.run(
+        _load(router, body, count=120, concurrency=6, seconds=60, on_half=kill))
+    watcher.join(timeout=10)
+    assert "at" in killed
+    figures["requests"] = sum(statuses.values())
+    figures["served_by"] = dict(Counter(served))
+    figures["retried"] = (envoy_stat(admin, RETRIES) or 0.0) - retries_before
+    figures.emit()
+    assert statuses == Counter({200: sum(statuses.values())}), statuses
+    assert figures.values["requests"] >= 100
+    assert served[0] == "eu-west-1" and served[-1] == "us-west-2"  # then the next cheapest
+    assert figures.values["retried"] > 0  # requests in flight at the kill were retried elsewhere
+    assert figures.values["detection_s"] <= 1.0
+    # the region comes back on the same address: placing returns to it
+    with gateway(tmp, configs["eu-west-1"]) as revived:
+        tier1["eu-west-1"] = revived
+        _wait_fresh(router, {"eu-west-1"})
+        with _client(router) as http:
+            assert _chat(http).headers[hdr.REGION] == "eu-west-1"
+
+
+def test_delay_proxy_adds_the_round_trip_time(tmp_path: Path) -> None:
+    """igw.delay_proxy (the demo's distance between regions): an echo round trip through
+    it takes at least the configured RTT, and bytes arrive intact and in order."""
+    from igw.delay_proxy import DelayProxy
+    from igw.ports import free_ports
+
+    async def main() -> float:
+        async def echo(reader, writer):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        echo_port, proxy_port = free_ports(2)
+        server = await asyncio.start_server(echo, "127.0.0.1", echo_port)
+        proxy = DelayProxy(("127.0.0.1", proxy_port), ("127.0.0.1", echo_port), 0.08)
+        await proxy.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+            payload = bytes(range(256)) * 64
+            started = time.monotonic()
+            writer.write(payload)
+            got = await reader.readexactly(len(payload))
+            elapsed = time.monotonic() - started
+            assert got == payload
+            writer.close()
+            return elapsed
+        finally:
+            await proxy.stop()
+            server.close()
+            await server.wait_closed()
+
+    assert 0.08 <= asyncio.run(main()) < 1.0
