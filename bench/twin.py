@@ -671,12 +671,15 @@ def live_check(names: list[str], seed: int, results: Path,
         else:
             plan = member
         measured = measured_indices(plan)
-        figs = twin(plan, seed=seed).percentiles(measured)
+        result = twin(plan, seed=seed)
+        figs = result.percentiles(measured)
         rr = replay_reference(plan, ("round-robin",))["round-robin"]["ttft_p95"]
         ours = live["igw-llm-d"]
         row: dict[str, Any] = {
             "scenario": name, "twin": figs,
             "live": {k: ours[k] for k in ("ttft_p50", "ttft_p95", "ttft_p99")},
+            "failed": {"twin": sum(result.ttft_s[i] is None for i in measured),
+                       "live": ours.get("errors", 0)},
             "p95_ratio": round(figs["ttft_p95"] / ours["ttft_p95"], 3),
             "twin_vs_round_robin": round(figs["ttft_p95"] / rr, 3) if rr else None,
             "live_vs_envoy_rr": round(ours["ttft_p95"] / live["envoy-rr"]["ttft_p95"], 3)
@@ -685,5 +688,6 @@ def live_check(names: list[str], seed: int, results: Path,
         print(f"{name}: twin p50/p95/p99 {figs['ttft_p50']}/{figs['ttft_p95']}/"
               f"{figs['ttft_p99']} s, live {ours['ttft_p50']}/{ours['ttft_p95']}/"
               f"{ours['ttft_p99']} s, p95 twin/live {row['p95_ratio']}; over round-robin "
-              f"twin {row['twin_vs_round_robin']}, live {row['live_vs_envoy_rr']}", flush=True)
+              f"twin {row['twin_vs_round_robin']}, live {row['live_vs_envoy_rr']}; failed "
+              f"twin {row['failed']['twin']}, live {row['failed']['live']}", flush=True)
     return rows
