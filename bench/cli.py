@@ -7,6 +7,8 @@
     igw bench --replicas 1,2,4 --no-coordination   # N gateways behind an L4 front
     igw bench --twin-replicas 1,2,4                # the same in the twin (virtual time)
     igw bench --family 100 --seed 0                # the gateway's twin on a scenario family
+    igw bench --family 4 --live                    # the family's sample live, then
+    igw bench --family 4 --twin-check --out DIR    # the twin against it
     igw bench --ext-proc-servers                   # grpc.aio vs grpclib vs ours behind Envoy
     igw bench --guidellm-check --guidellm PATH     # TTFT cross-check with guidellm
 
@@ -108,8 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --family: reuse the yardsticks of the previous family.json for "
                         "unchanged plans, run only the twin")
     p.add_argument("--twin-check", action="store_true",
-                   help="the twin on --scenario's plans against the live gateway's results in "
-                        "--out (default bench/results)")
+                   help="the twin on --scenario's plans (and with --family K on the family's "
+                        "sample) against the live gateway's results in --out (default "
+                        "bench/results)")
+    p.add_argument("--live", action="store_true",
+                   help="with --family K: the family's sample of K (family.sample) run live "
+                        "through --routers (default igw-llm-d,envoy-rr), results to --out "
+                        "(default bench/results/partial/family-live); --twin-check compares")
     p.add_argument("--rerender", action="store_true",
                    help="rebuild REPORT.md and plots from the <scenario>.json files in --out "
                         "(default bench/results) without running anything")
@@ -149,15 +156,18 @@ def main(argv: list[str] | None = None) -> int:
         return twin_replicas_main(args, argv)
     if args.replicas:
         return replicas_main(args, argv)
+    if args.family is not None and args.live:
+        return family_live_main(args, argv)
+    if args.twin_check:
+        from bench.twin import live_check
+
+        live_check([] if args.family and args.scenario == "all" else _scenarios(args.scenario),
+                   args.seed, args.out or RESULTS, args.family)
+        return 0
     if args.family is not None:
         from bench.family import run_family
 
         run_family(args.seed, args.family, args.out or RESULTS, args.twin_only)
-        return 0
-    if args.twin_check:
-        from bench.twin import live_check
-
-        live_check(_scenarios(args.scenario), args.seed, args.out or RESULTS)
         return 0
     if args.smoke:
         names = ["tiny"]
@@ -226,6 +236,20 @@ async def _run(items: list[tuple[Scenario, Plan, Plan]], routers, args: argparse
     update_report(out)  # a family run's section (bench/family.py) is kept at the end
     print(f"report: {out / 'REPORT.md'} ({meta['total_wall_s']:.0f} s)", flush=True)
     return 1 if failed else 0
+
+
+def family_live_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """`--family K --live`: the family's sample of K, each member with its own warm-up, live
+    through --routers; <member>.json and REPORT.md in --out, for `--twin-check --family K`."""
+    from bench.family import live_run, sample
+
+    routers = parse_routers(args.routers or "igw-llm-d,envoy-rr")
+    out = args.out or RESULTS / "partial" / "family-live"
+    items = [live_run(member) for member in sample(args.seed, args.family)]
+    command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    with tempfile.TemporaryDirectory(prefix="igw-bench-") as tmp:
+        return asyncio.run(_run(items, routers, args, out, args.work or Path(tmp), False,
+                                command))
 
 
 def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:

@@ -11,9 +11,19 @@ What is the gateway's own code (imported, not copied):
   for the pool's `engineType` and written into the row by `write_snapshot` with the collector's
   `SpeedLearner`, at the collector's intervals (`next_delay`: the configured interval with its
   ±10 % jitter; the first scrape spread as `FIRST_SCRAPE_SPREAD_S`);
-- admission: `pool_saturated` decides, as the director does; waiters are released first come
-  first served (every request has priority 0) on each completion and every
-  `RECHECK_INTERVAL_S`, and fail after `queueTimeout`.
+- admission and flow control: per pool the gateway's `Admission` (picker.scheduling.admission,
+  the decisions of the director's `AdmissionQueue` without its futures), so a request waits
+  as live while the pool is saturated, a pod's committed prefill would pass
+  `saturation.maxStartDelay`, or the pool's requests in flight reach its learned slots +
+  `slotAllowance` (picker.scheduling.flow), in the fair queue's order (picker.scheduling.
+  fair_queue; every request here has priority 0 and no tenant). Waiters are released as the
+  live queue releases them: one per look, a look soon (the event loop's `call_soon`: at the
+  same virtual time, after what is already due then) after each dispatch and completion,
+  local or folded from another replica (the scheduler's listener), and every
+  `RECHECK_INTERVAL_S` while anyone waits (its ticker, started by the first waiter); a
+  waiter fails after `queueTimeout`, and a full queue refuses (`queueSize`) as live. A
+  released waiter is dispatched at once (live, its caller resumes first: one event loop
+  turn).
 
 The engines are bench/replay.py's `ReplayPod`s (simulator.engine in virtual time). The
 gateway's clocks run at model time / time_scale and its config is the live benchmark's
@@ -55,6 +65,7 @@ import itertools
 import math
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -93,10 +104,10 @@ from picker.datalayer.engines import profile_for
 from picker.datalayer.parser import MetricsParseError, MetricsSnapshot, parser_for
 from picker.datastore import Datastore, Pool
 from picker.director import MAX_PREFIX_BLOCKS
-from picker.scheduling.admission import RECHECK_INTERVAL_S
-from picker.scheduling.errors import NoCandidates
+from picker.scheduling.admission import RECHECK_INTERVAL_S, Admission
+from picker.scheduling.errors import NoCandidates, Overloaded
+from picker.scheduling.fair_queue import Entry
 from picker.scheduling.request import SchedulingRequest
-from picker.scheduling.saturation import pool_saturated
 from picker.scheduling.scheduler import Scheduler
 from simulator import metrics_text
 from simulator.engine import PromptTooLong, QueueFull, SimRequest
@@ -141,7 +152,7 @@ class _Sent:
     sim: SimRequest | None = None
     row: int = -1
     pod: str | None = None
-    deadline: float = math.inf  # admission: model time it stops waiting
+    entry: Entry | None = None  # its place in the admission queue, once held
     shared_id: int = 0  # coordinated: the id its completion carries to the other replicas
 
 
@@ -161,8 +172,9 @@ class _TwinPool:
     pool: Pool
     scheduler: Scheduler
     base_model: str
-    waiters: deque[_Sent] = field(default_factory=deque)
-    recheck_due: bool = False
+    admission: Admission[_Sent]
+    look_due: bool = False  # a look at the queue is due (AdmissionQueue._scheduled)
+    ticking: bool = False  # its periodic re-check runs (AdmissionQueue._ticker)
 
 
 @dataclass(eq=False)
@@ -275,11 +287,15 @@ class Twin:
         pools: dict[str, _TwinPool] = {}
         for cfg, plan_pool in zip(self.config.schedulers, self.plan.pools, strict=True):
             pool = datastore.pools[cfg.name]
-            pools[cfg.name] = _TwinPool(pool, Scheduler(pool, rng=rng), plan_pool.model)
+            scheduler = Scheduler(pool, rng=rng)
+            pools[cfg.name] = _TwinPool(pool, scheduler, plan_pool.model,
+                                        Admission(pool, scheduler))
             for entry in plan_pool.pods:
                 self._add_pod(index, cfg.name, pool, specs[entry["name"]])
         gateway = _Gateway(f"twin-{index}", datastore, model_map, MetricsCollector(datastore),
                            rand, pools, {name: tp.scheduler for name, tp in pools.items()})
+        for tp in pools.values():  # as AdmissionQueue listens to its scheduler
+            tp.scheduler.add_listener(self._listener(gateway, tp))
         if self.coordination is not None:
             settings = self.coordination
             outbox = Outbox(settings.buffer_size)
@@ -369,10 +385,12 @@ class Twin:
             self._arrive(payload, t)
         elif kind == "scrape":
             self._scrape(*payload, t)
-        elif kind == "recheck":  # the admission queue's periodic look
-            gateway, tp = payload
-            tp.recheck_due = False
-            self._release(gateway, tp, t)
+        elif kind == "look":  # the admission queue's look, soon after a change
+            self._look(*payload, t)
+        elif kind == "tick":  # the admission queue's periodic re-check
+            self._tick(*payload, t)
+        elif kind == "timeout":
+            self._timeout(*payload, t)
         elif kind == "flush":
             self._flush(payload, t)
         elif kind == "deliver":
@@ -399,13 +417,15 @@ class Twin:
                      gateway)
         self.sent[position] = sent
         tp = gateway.pools[route.pool]
-        now = t / self.scale
-        if tp.waiters or pool_saturated(tp.pool, now):
-            sent.deadline = t + tp.pool.config.saturation.queue_timeout_s * self.scale
-            tp.waiters.append(sent)
-            self._schedule_recheck(gateway, tp, t)
+        try:
+            wait = tp.admission.must_wait(request, t / self.scale)
+        except Overloaded:  # a sheddable request finding no room (none in the plans)
+            self._end(sent, t)
             return
-        self._dispatch(gateway, tp, sent, t)
+        if wait:
+            self._hold(gateway, tp, sent, t)
+        else:
+            self._dispatch(gateway, tp, sent, t)
 
     def _dispatch(self, gateway: _Gateway, tp: _TwinPool, sent: _Sent, t: float) -> None:
         now = t / self.scale
@@ -452,18 +472,14 @@ class Twin:
             return
         pod.finished_seen = done
         keep = []
-        ended: dict[str, _Gateway] = {}
         for sent in pod.pending:
             if sent.sim is not None and sent.sim.finished:
                 gateway = sent.gateway
                 self._complete(gateway, gateway.pools[pod.pool], sent, t, ok=True)
                 self._end(sent, t)
-                ended[gateway.name] = gateway
             else:
                 keep.append(sent)
         pod.pending = keep
-        for gateway in sorted(ended.values(), key=lambda g: g.name):
-            self._release(gateway, gateway.pools[pod.pool], t)
 
     def _end(self, sent: _Sent, t: float) -> None:
         """The request is over (finished or failed): its client's connection is idle."""
@@ -472,21 +488,60 @@ class Twin:
 
     # -- admission --------------------------------------------------------------------------
 
-    def _release(self, gateway: _Gateway, tp: _TwinPool, t: float) -> None:
-        """Waiters out while the pool is not saturated (each dispatch re-checks, as the
-        queue's listener does); those past their timeout fail."""
-        now = t / self.scale
-        while tp.waiters and tp.waiters[0].deadline <= t:
-            self._end(tp.waiters.popleft(), t)
-        while tp.waiters and not pool_saturated(tp.pool, now):
-            self._dispatch(gateway, tp, tp.waiters.popleft(), t)
-        if tp.waiters:
-            self._schedule_recheck(gateway, tp, t)
+    def _hold(self, gateway: _Gateway, tp: _TwinPool, sent: _Sent, t: float) -> None:
+        """AdmissionQueue.acquire for a request that must wait: queued (a full queue
+        refuses it or the waiter it displaces), the ticker started, a look due, and its
+        timeout set. (Live, acquire asks `must_wait` again after a hop through the
+        handler; here no time passes in between, so the answer is the same.)"""
+        try:
+            victim = tp.admission.hold(sent)
+        except Overloaded:
+            self._end(sent, t)
+            return
+        if victim is not None:
+            self._end(victim, t)
+        if not tp.ticking:
+            tp.ticking = True
+            self._push(t + RECHECK_INTERVAL_S * self.scale, "tick", (gateway, tp))
+        self._notify(gateway, tp, t)
+        timeout = tp.pool.config.saturation.queue_timeout_s * self.scale
+        self._push(t + timeout, "timeout", (tp, sent))
 
-    def _schedule_recheck(self, gateway: _Gateway, tp: _TwinPool, t: float) -> None:
-        if not tp.recheck_due:
-            tp.recheck_due = True
-            self._push(t + RECHECK_INTERVAL_S * self.scale, "recheck", (gateway, tp))
+    def _listener(self, gateway: _Gateway, tp: _TwinPool) -> Callable[[], None]:
+        """The scheduler's dispatch/complete listener (AdmissionQueue.notify)."""
+        return lambda: self._notify(gateway, tp, self.clock.t)
+
+    def _notify(self, gateway: _Gateway, tp: _TwinPool, t: float) -> None:
+        """A look at the queue soon (call_soon: at t, after what is already due), unless
+        nobody waits or one is due already."""
+        if len(tp.admission) and not tp.look_due:
+            tp.look_due = True
+            self._push(t, "look", (gateway, tp))
+
+    def _look(self, gateway: _Gateway, tp: _TwinPool, t: float) -> None:
+        """AdmissionQueue._release: the next waiter out if the pool has room for it; its
+        dispatch (a listener call) asks for the next look."""
+        tp.look_due = False
+        if not len(tp.admission):
+            return
+        sent = tp.admission.release(t / self.scale)
+        if sent is not None:
+            self._dispatch(gateway, tp, sent, t)
+
+    def _tick(self, gateway: _Gateway, tp: _TwinPool, t: float) -> None:
+        """AdmissionQueue._recheck: a look every RECHECK_INTERVAL_S while anyone waits
+        (scrapes change room too, and they notify no one)."""
+        self._look(gateway, tp, t)
+        if len(tp.admission):
+            self._push(t + RECHECK_INTERVAL_S * self.scale, "tick", (gateway, tp))
+        else:
+            tp.ticking = False
+
+    def _timeout(self, tp: _TwinPool, sent: _Sent, t: float) -> None:
+        """The waiter's queueTimeout: still queued, it leaves and fails (503 live)."""
+        if sent.entry is not None and not sent.entry.removed:
+            tp.admission.withdraw(sent)
+            self._end(sent, t)
 
     # -- scrapes ----------------------------------------------------------------------------
 
@@ -548,17 +603,14 @@ class Twin:
 
     def _deliver(self, gateway: _Gateway, sender: str, entries: list[dict[bytes, bytes]],
                  t: float) -> None:
-        """The read loop: decode and fold each entry, aged by its transit; the fold moved
-        the schedulers' counts, which wakes the admission queue's listener."""
+        """The read loop: decode and fold each entry, aged by its transit; the fold moves
+        the schedulers' counts, whose listeners ask the admission queues for a look."""
         link = gateway.link
         assert link is not None
         now = t / self.scale
         for fields in entries:
             batch = decode_batch(fields)
             link.folder.fold(sender, batch, now, max(0.0, now - batch.sent_at))
-        for tp in gateway.pools.values():
-            if tp.waiters:
-                self._release(gateway, tp, t)
 
     def _beat(self, gateway: _Gateway, t: float) -> None:
         """Every heartbeatInterval: a heartbeat entry unless a batch is about to leave (it
@@ -588,32 +640,54 @@ def twin(plan: Plan, profile: str = "llm-d", seed: int = 0) -> ReplayResult:
     return Twin(plan, profile, seed).run()
 
 
-def live_check(names: list[str], seed: int, results: Path) -> list[dict[str, Any]]:
-    """The twin on a hand-written scenario's plan with the live run's warm-up (the plan of
-    seed + 1000, 3 s wall, bench/cli.py), against the live gateway llm-d's figures in
-    results/<scenario>.json: their p95 ratio says whether the twin can stand in for it."""
-    from bench.family import warm_started
+def live_check(names: list[str], seed: int, results: Path,
+               family: int | None = None) -> list[dict[str, Any]]:
+    """The twin against the live runs in `results`/<name>.json: each hand-written scenario's
+    plan with the live run's warm-up (the plan of seed + 1000, 3 s wall, bench/cli.py) and,
+    with `family`, the family sample `igw bench --family K --live` runs (bench.family.sample,
+    each member with its own warm-up). Per scenario: the twin's p95 over the live gateway
+    llm-d's (can the twin stand in for it?) and the ranking against round-robin, the twin's
+    over the replay's strict round-robin beside the live gateway's over Envoy's."""
+    from bench.family import sample, warm_started
+    from bench.replay import replay_reference
     from bench.scenarios import SCENARIOS
 
+    cases: list[tuple[str, Path, Any]] = [(name, results / f"{name}.json", None)
+                                          for name in names]
+    if family:
+        cases += [(m.scenario, results / f"{m.scenario}.json", m) for m in sample(seed, family)]
     rows = []
-    for name in names:
-        path = results / f"{name}.json"
+    for name, path, member in cases:
         if not path.exists():
             continue
         doc = orjson.loads(path.read_bytes())
-        live = next((s for s in doc["summaries"] if s.get("router") == "igw-llm-d"), None)
-        if live is None:
+        live = {s["router"]: s for s in doc["summaries"] if s.get("ttft_p95") is not None}
+        if "igw-llm-d" not in live:
             continue
-        scenario = SCENARIOS[name]
-        scale = doc["time_scale"]
-        plan = scenario.plan(seed, doc["duration_model_s"] / scale, scale)
-        warm = scenario.plan(seed + 1000, 3.0, scale)
-        ours = twin(warm_started(plan, warm, scale), seed=seed)
-        figs = ours.percentiles(measured_indices(warm_started(plan, warm, scale)))
-        rows.append({"scenario": name, "twin": figs,
-                     "live": {k: live[k] for k in ("ttft_p50", "ttft_p95", "ttft_p99")},
-                     "p95_ratio": round(figs["ttft_p95"] / live["ttft_p95"], 3)})
+        if member is None:
+            scale = doc["time_scale"]
+            plan = SCENARIOS[name].plan(seed, doc["duration_model_s"] / scale, scale)
+            plan = warm_started(plan, SCENARIOS[name].plan(seed + 1000, 3.0, scale), scale)
+        else:
+            plan = member
+        measured = measured_indices(plan)
+        result = twin(plan, seed=seed)
+        figs = result.percentiles(measured)
+        rr = replay_reference(plan, ("round-robin",))["round-robin"]["ttft_p95"]
+        ours = live["igw-llm-d"]
+        row: dict[str, Any] = {
+            "scenario": name, "twin": figs,
+            "live": {k: ours[k] for k in ("ttft_p50", "ttft_p95", "ttft_p99")},
+            "failed": {"twin": sum(result.ttft_s[i] is None for i in measured),
+                       "live": ours.get("errors", 0)},
+            "p95_ratio": round(figs["ttft_p95"] / ours["ttft_p95"], 3),
+            "twin_vs_round_robin": round(figs["ttft_p95"] / rr, 3) if rr else None,
+            "live_vs_envoy_rr": round(ours["ttft_p95"] / live["envoy-rr"]["ttft_p95"], 3)
+            if "envoy-rr" in live else None}
+        rows.append(row)
         print(f"{name}: twin p50/p95/p99 {figs['ttft_p50']}/{figs['ttft_p95']}/"
-              f"{figs['ttft_p99']} s, live {live['ttft_p50']}/{live['ttft_p95']}/"
-              f"{live['ttft_p99']} s, p95 twin/live {rows[-1]['p95_ratio']}", flush=True)
+              f"{figs['ttft_p99']} s, live {ours['ttft_p50']}/{ours['ttft_p95']}/"
+              f"{ours['ttft_p99']} s, p95 twin/live {row['p95_ratio']}; over round-robin "
+              f"twin {row['twin_vs_round_robin']}, live {row['live_vs_envoy_rr']}; failed "
+              f"twin {row['failed']['twin']}, live {row['failed']['live']}", flush=True)
     return rows

@@ -170,10 +170,12 @@ class Director:
             self._limit(decision, started)
         try:
             pool = decision.pool
-            if self.admission[pool.name].blocked(decision.request, started):
-                if decision.request.sheddable:
-                    self.metrics.shed(pool.name)
-                    raise Overloaded(f"pool {pool.name} is saturated; request shed", retry_after=1)
+            try:
+                wait = self.admission[pool.name].must_wait(decision.request, started)
+            except Overloaded:
+                self.metrics.shed(pool.name)
+                raise
+            if wait:
                 decision.admission_wait = pool.config.saturation.queue_timeout_s
                 return decision
             self._pick(decision, started)

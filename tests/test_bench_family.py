@@ -171,3 +171,48 @@ def test_report_gains_a_family_section_replaced_on_each_run(tmp_path) -> None:
     assert f"]({family.FAMILY_PLOT})" in first
     family.update_report(tmp_path)  # a second run replaces the section, nothing else
     assert (tmp_path / "REPORT.md").read_text() == first
+
+
+def test_twin_holds_requests_in_the_gateways_admission_once_slots_are_learned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two pods of 4 batch slots under twice their capacity: once two scrapes have shown a
+    queue, the twin's admission (the gateway's picker.scheduling.admission.Admission) holds
+    requests, and no request is dispatched while the pool's in flight is at its slots plus
+    slotAllowance. Fails if the twin routes past flow control (the old admission held only
+    on the engines' waiting counts)."""
+    from bench import twin as twin_module
+    from picker.scheduling.flow import routable_rows, slots_room
+
+    rng = random.Random("twin-flow")
+    corpus = Corpus(rng, chars=200_000)
+    pods = make_pods("h100", MODEL, 2, "f")
+    for pod in pods:
+        pod["max_num_seqs"] = 4
+    caps = capacities(pods, Workload(300, 300, 80))
+    pool = PoolPlan(MODEL, pods, 2.0 * round_robin_capacity(caps), caps)
+    reqs = [chat_request(i, t, MODEL, MODEL, corpus.text_of(lognormal(rng, 300, 0.5, 16, 1000)),
+                         lognormal(rng, 80, 0.4, 8, 200), MODEL)
+            for i, t in enumerate(poisson_arrivals(rng, pool.rate, 0.0, 4.0))]
+    plan = Plan("twin-flow", [pool], 1.0, 4.0, reqs)
+    checked = {"dispatches": 0, "bound": 0, "held": 0}
+    dispatch, hold = twin_module.Twin._dispatch, twin_module.Twin._hold
+
+    def checked_dispatch(self, gateway, tp, sent, t):  # type: ignore[no-untyped-def]
+        state, now = tp.scheduler.state, t / self.scale
+        rows = routable_rows(state, now)
+        if len(rows) and state.slot_limits(rows).min() > 0:
+            checked["bound"] += 1
+            assert slots_room(state, rows), "dispatched past the pool's slots"
+        checked["dispatches"] += 1
+        dispatch(self, gateway, tp, sent, t)
+
+    def counted_hold(self, gateway, tp, sent, t):  # type: ignore[no-untyped-def]
+        checked["held"] += 1
+        hold(self, gateway, tp, sent, t)
+
+    monkeypatch.setattr(twin_module.Twin, "_dispatch", checked_dispatch)
+    monkeypatch.setattr(twin_module.Twin, "_hold", counted_hold)
+    result = twin(plan)
+    assert checked["dispatches"] >= 0.9 * len(reqs) and checked["bound"] > 20
+    assert checked["held"] > 20
+    assert sum(t is not None for t in result.ttft_s) >= 0.9 * len(reqs)

@@ -1,9 +1,9 @@
 """Batch slots and tenants' fair shares of them: unit tests (no processes).
 
 - PoolState.slot_limits learns a pod's slots from its scrapes (running while
-  requests wait with KV to spare), never from a KV-bound queue, and raises an
-  underestimate; flow control bounds the pool's requests by its slots +
-  slotAllowance per pod (which pod stays the scorers' choice); unknown slots
+  requests wait with KV to spare), never from a KV-bound queue or one that may wait
+  for an adapter slot, and raises an underestimate; flow control bounds the pool's
+  requests by its slots + slotAllowance per pod (which pod stays the scorers' choice); unknown slots
   leave today's behaviour; the pick prefers a free slot only while tenants
   share the slots.
 - TenantShares: a tenant alone is not limited; active tenants split the slots
@@ -86,6 +86,31 @@ def test_slots_are_learned_from_a_steady_queue_with_kv_to_spare_only():
     assert both(6, 0, 8, 1) == [6, 0]  # once known, any higher running raises it
     assert both(1, 0, 8, 2) == [6, 8]  # a quiet scrape never lowers it
     assert pool_slots(state, ROWS) == 14.0
+
+
+def test_a_queue_that_may_wait_for_an_adapter_slot_teaches_no_batch_slots():
+    """With adapters configured, a queue holding an adapter that is not running (it waits
+    for an adapter slot, not a batch slot), or on a page that says nothing of adapters
+    (max_lora unknown), is no slot limit; a queue of running adapters' requests is."""
+    pool = make_pool(2)
+    pool.config = replace(pool.config, lora_adapters=("a", "b"))
+    pool.adapter_index.update({"a": 0, "b": 1})
+    sched = Scheduler(pool)
+    state, t = sched.state, pool.table
+    t.max_lora[:2] = [1, 0]  # pod 1's page has no LoRA information
+    t.lora_running[0, 0] = True
+    t.lora_waiting[0, 1] = True  # pod 0: "b" waits for pod 0's one adapter slot
+    for _ in range(3):
+        for row in (0, 1):
+            scrape(pool, row, 3, 2)
+        assert state.slot_limits(ROWS).tolist() == [0, 0]
+    t.lora_waiting[0, 1] = False
+    t.lora_waiting[0, 0] = True  # now only "a", which runs, waits: a batch limit
+    for _ in range(2):
+        for row in (0, 1):
+            scrape(pool, row, 3, 2)
+        state.slot_limits(ROWS)
+    assert state.slot_limits(ROWS).tolist() == [3, 0]
 
 
 def test_the_pool_takes_its_slots_plus_the_allowance_and_unknown_slots_change_nothing():

@@ -24,6 +24,12 @@ grants the next in fair order among the tenants within their shares, so a
 tenant over its share cannot block the queue's head. A newcomer that must
 queue behind others is judged at once (not at the next dispatch or tick):
 it may be the one with room.
+
+The decisions (must a request wait, which waiter leaves next, whom a full
+queue refuses) are `Admission`'s, which neither waits nor reads a clock: the
+asyncio `AdmissionQueue` the director uses adds the futures, timeouts and the
+periodic re-check around it, and the scenario family's twin (bench/twin.py)
+drives the same class in virtual time.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from picker.datastore import Pool
 from picker.scheduling.errors import NoReadyEndpoint, Overloaded, QueueTimeout
@@ -50,41 +56,36 @@ RECHECK_INTERVAL_S = 0.02
 RETRY_AFTER_S = 1
 
 
-class _Waiter:
-    __slots__ = ("entry", "future", "granted", "request")
+class Held(Protocol):
+    """What waits in admission: a request, and its place in the queue once held."""
 
-    def __init__(self, future: asyncio.Future[None], request: SchedulingRequest) -> None:
-        self.future = future
-        self.request = request
-        self.granted = False
-        self.entry: Entry[_Waiter] | None = None
+    request: SchedulingRequest
+    entry: Entry | None
 
 
-class AdmissionQueue:
-    """Bounded, fairly ordered queue of requests waiting for a pool to have room."""
+H = TypeVar("H", bound=Held)
+
+
+class Admission(Generic[H]):
+    """One pool's admission decisions over the requests it holds, in fair order.
+
+    Nothing here waits or reads a clock (every call is given `now`): who waits
+    and who leaves is decided the same whether the caller is the live queue
+    below or a simulation in virtual time.
+    """
 
     def __init__(
         self,
         pool: Pool,
         scheduler: Scheduler | None = None,
         *,
-        clock: Callable[[], float] = time.monotonic,
         saturated: Callable[[float], bool] | None = None,
     ) -> None:
         """`saturated` (tests) replaces the whole room test with a switch over time."""
         self.pool = pool
         self._scheduler = scheduler
-        self._clock = clock
         self._saturated = saturated
-        self._queue: FairQueue[_Waiter] = FairQueue()
-        # The waiter granted a turn whose caller has not resumed (and so not dispatched)
-        # yet: no other is granted meanwhile, since room is judged on dispatched work.
-        self._granted: _Waiter | None = None
-        self._scheduled = False
-        self._closed = False
-        self._ticker: asyncio.Task[None] | None = None
-        if scheduler is not None:
-            scheduler.add_listener(self.notify)
+        self._queue: FairQueue[H] = FairQueue()
 
     def __len__(self) -> int:
         """Requests waiting now."""
@@ -99,12 +100,106 @@ class AdmissionQueue:
                 self.pool.config.saturation.fair_share_window_s)
         return len(self._queue) > 0 or not self._room(req, now)
 
+    def must_wait(self, req: SchedulingRequest, now: float) -> bool:
+        """`blocked`, and a blocked sheddable request is refused (429) rather than held."""
+        if not self.blocked(req, now):
+            return False
+        if req.sheddable:
+            raise Overloaded(
+                f"pool {self.pool.name} is saturated; request shed", retry_after=RETRY_AFTER_S
+            )
+        return True
+
     def _room(self, req: SchedulingRequest, now: float) -> bool:
         if self._saturated is not None:
             return not self._saturated(now)
         if pool_saturated(self.pool, now):
             return False
         return self._scheduler is None or has_room(self._scheduler.state, req, now)
+
+    def hold(self, item: H) -> H | None:
+        """Queue `item` (its `entry` set). A full queue refuses it (Overloaded, 429), or
+        refuses in its place the waiter with the least claim to its place
+        (fair_queue.FairQueue.displace), which is returned, out of the queue."""
+        req = item.request
+        victim = None
+        size = self.pool.config.saturation.queue_size
+        if len(self._queue) >= size:
+            victim = self._queue.displace(
+                req.priority, req.tenant, req.tenant_weight, float(req.prompt_tokens)
+            ) if size > 0 else None
+            if victim is None:
+                raise self.full()
+        item.entry = self._queue.push(
+            item, req.priority, req.tenant, req.tenant_weight, float(req.prompt_tokens)
+        )
+        log.debug(
+            "admission queued pool=%s priority=%d tenant=%s waiting=%d",
+            self.pool.name, req.priority, req.tenant, len(self._queue),
+        )
+        return victim
+
+    def full(self) -> Overloaded:
+        """The refusal of a request a full queue has no place for."""
+        return Overloaded(
+            f"pool {self.pool.name} is saturated and its queue is full",
+            retry_after=RETRY_AFTER_S,
+        )
+
+    def withdraw(self, item: H) -> None:
+        """`item` leaves the queue without being released (timeout, cancel); idempotent."""
+        if item.entry is not None:
+            self._queue.remove(item.entry)
+
+    def release(self, now: float) -> H | None:
+        """The next waiter, taken out of the queue, if the pool has room for it now: the
+        fair queue's head, or, when its tenant holds its share of the slots, the next in
+        fair order among the tenants within theirs. None: nobody may leave now."""
+        head = self._queue.peek()
+        if head is None:
+            return None
+        state = self._scheduler.state if self._scheduler is not None else None
+        slots = shared_slots(state, now) if state is not None else 0.0
+        if state is not None and tenant_capped(state, head.tenant, now, slots):
+            capped = {t for t in self._queue.tenants() if tenant_capped(state, t, now, slots)}
+            head = self._queue.peek_excluding(capped)
+        if head is None or not self._room(head.item.request, now):
+            return None
+        return self._queue.take(head)
+
+
+class _Waiter:
+    __slots__ = ("entry", "future", "granted", "request")
+
+    def __init__(self, future: asyncio.Future[None], request: SchedulingRequest) -> None:
+        self.future = future
+        self.request = request
+        self.granted = False
+        self.entry: Entry[_Waiter] | None = None
+
+
+class AdmissionQueue(Admission[_Waiter]):
+    """Bounded, fairly ordered queue of requests waiting for a pool to have room."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        scheduler: Scheduler | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        saturated: Callable[[float], bool] | None = None,
+    ) -> None:
+        """`saturated` (tests) replaces the whole room test with a switch over time."""
+        super().__init__(pool, scheduler, saturated=saturated)
+        self._clock = clock
+        # The waiter granted a turn whose caller has not resumed (and so not dispatched)
+        # yet: no other is granted meanwhile, since room is judged on dispatched work.
+        self._granted: _Waiter | None = None
+        self._scheduled = False
+        self._closed = False
+        self._ticker: asyncio.Task[None] | None = None
+        if scheduler is not None:
+            scheduler.add_listener(self.notify)
 
     async def acquire(self, req: SchedulingRequest, timeout: float | None = None) -> None:
         """Return when `req` may be picked; raise Overloaded (429) or QueueTimeout (503).
@@ -115,17 +210,11 @@ class AdmissionQueue:
         """
         if self._closed:
             raise NoReadyEndpoint(f"pool {self.pool.name} was removed", retry_after=RETRY_AFTER_S)
-        if not self.blocked(req, self._clock()):
+        if not self.must_wait(req, self._clock()):
             return
-        cfg = self.pool.config.saturation
-        if req.sheddable:
-            raise Overloaded(
-                f"pool {self.pool.name} is saturated; request shed", retry_after=RETRY_AFTER_S
-            )
-        if len(self._queue) >= cfg.queue_size:
-            self._make_room(req)
         waiter = self._enqueue(req)
         self.notify()
+        cfg = self.pool.config.saturation
         wait_s = cfg.queue_timeout_s if timeout is None else timeout
         try:
             async with asyncio.timeout(wait_s):
@@ -169,33 +258,15 @@ class AdmissionQueue:
     # -- internals ---------------------------------------------------------------
 
     def _enqueue(self, req: SchedulingRequest) -> _Waiter:
+        """Hold `req` (a full queue refuses it or the waiter it displaces, Overloaded)."""
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), req)
-        waiter.entry = self._queue.push(
-            waiter, req.priority, req.tenant, req.tenant_weight, float(req.prompt_tokens)
-        )
+        victim = self.hold(waiter)
+        if victim is not None and not victim.future.done():
+            victim.future.set_exception(self.full())
         if self._ticker is None or self._ticker.done():
             self._ticker = loop.create_task(self._recheck())
-        log.debug(
-            "admission queued pool=%s priority=%d tenant=%s waiting=%d",
-            self.pool.name, req.priority, req.tenant, len(self._queue),
-        )
         return waiter
-
-    def _make_room(self, req: SchedulingRequest) -> None:
-        """The queue is full: refuse `req` (429), or refuse in its place the waiter that
-        has the least claim to its place (fair_queue.FairQueue.displace)."""
-        full = Overloaded(
-            f"pool {self.pool.name} is saturated and its queue is full",
-            retry_after=RETRY_AFTER_S,
-        )
-        victim = self._queue.displace(
-            req.priority, req.tenant, req.tenant_weight, float(req.prompt_tokens)
-        ) if self.pool.config.saturation.queue_size > 0 else None
-        if victim is None:
-            raise full
-        if not victim.future.done():
-            victim.future.set_exception(full)
 
     def _resumed(self, waiter: _Waiter) -> None:
         """`waiter`'s caller runs again: it dispatches now, so the next may be judged."""
@@ -208,26 +279,16 @@ class AdmissionQueue:
             self._resumed(waiter)
             self.notify()
             return
-        if waiter.entry is not None:
-            self._queue.remove(waiter.entry)
+        self.withdraw(waiter)
 
     def _release(self) -> None:
         """Grant the next waiter if the pool has room for it (one per call; see module doc)."""
         self._scheduled = False
-        if self._granted is not None:
+        if self._granted is not None or not len(self._queue):
             return  # its dispatch (a listener call) or its withdrawal calls again
-        head = self._queue.peek()
-        if head is None:
+        waiter = self.release(self._clock())
+        if waiter is None:
             return
-        now = self._clock()
-        state = self._scheduler.state if self._scheduler is not None else None
-        slots = shared_slots(state, now) if state is not None else 0.0
-        if state is not None and tenant_capped(state, head.tenant, now, slots):
-            capped = {t for t in self._queue.tenants() if tenant_capped(state, t, now, slots)}
-            head = self._queue.peek_excluding(capped)
-        if head is None or not self._room(head.item.request, now):
-            return
-        waiter = self._queue.take(head)
         waiter.granted = True
         self._granted = waiter
         if not waiter.future.done():

@@ -254,6 +254,12 @@ class PoolState:
         check, so a queue that lasts two scrapes is seen). Once known, any higher
         `running` raises it, never lower; flow control lets `slotAllowance` per pod
         more in, so an underestimate climbs back to the truth.
+
+        A queue that may be waiting for an *adapter* slot teaches nothing (`_adapter_bound`):
+        with few adapter slots, requests of an adapter not loaded wait while the batch
+        has room, and `running` there is no batch limit. Learned from such queues, the
+        scenario family's LoRA pools got 4-27 "slots" on pods of 256, and the pool bound
+        held requests the engines had room for (docs/benchmarks.md).
         """
         t = self.pool.table
         fresh = t.scraped_at[index] != self.slot_stamp[index]
@@ -263,6 +269,8 @@ class PoolState:
         running = t.running[index]
         limited = (t.waiting[index] >= 1.0) & (
             t.kv_usage[index] < self.pool.config.saturation.kv_cache_threshold)
+        if self.pool.config.lora_adapters:
+            limited &= ~self._adapter_bound(index)
         steady = fresh & limited & (self.slot_running[index] == running)
         learned = np.where(steady | (known > 0), np.maximum(known, running), known)
         self.slots[index] = learned
@@ -270,6 +278,14 @@ class PoolState:
             fresh, np.where(limited, running, -1.0), self.slot_running[index])
         self.slot_stamp[index] = t.scraped_at[index]
         return learned
+
+    def _adapter_bound(self, index: slice | np.ndarray) -> np.ndarray:
+        """Rows whose queue may wait for an adapter slot: an adapter is waiting there that
+        is not running, or the page says nothing of adapters (`max_lora` unknown: SGLang,
+        TensorRT-LLM), so any wait may be one."""
+        t = self.pool.table
+        pending = (t.lora_waiting[index] & ~t.lora_running[index]).any(axis=1)
+        return pending | (t.max_lora[index] <= 0)
 
     def since_scrape_tokens(
         self, index: slice | np.ndarray, dispatched: np.ndarray
