@@ -207,8 +207,13 @@ class Director:
         usage.reserved_tokens += tokens
 
     def abandon(self, decision: Decision) -> None:
-        """A held request's client went away before it was admitted."""
-        self._release(decision)
+        """A held request's client went away: before it was admitted, or after its
+        release dispatched it but before Envoy got the route (it ends there, failed:
+        its short life teaches nothing about the pod's speed)."""
+        if decision.dispatched:
+            self.complete(decision, ok=False)
+        else:
+            self._release(decision)
 
     def _release(self, decision: Decision) -> None:
         """The request is over (ended, refused or abandoned): its concurrency slot back."""
@@ -278,17 +283,29 @@ class Director:
         return decision.scheduler.explain(decision.request, time.monotonic())
 
     async def admit(self, decision: Decision) -> None:
-        """Wait for capacity (bounded queue, highest priority first), then pick."""
+        """Wait for capacity (bounded queue, highest priority first), then pick: inside
+        the queue's release, so one release grants every waiter that fits at once."""
         queue = self.admission[decision.pool.name]
+        picked = False
+
+        def pick() -> None:
+            nonlocal picked
+            picked = True  # its own errors are counted by _pick
+            self._pick(decision, time.monotonic())
+
         try:
             try:
-                await queue.acquire(decision.request, decision.admission_wait or 0.0)
+                dispatched = await queue.acquire(
+                    decision.request, decision.admission_wait or 0.0, on_grant=pick)
             except ApiError as exc:
-                self.metrics.rejected(exc.status)
+                if not picked:
+                    self.metrics.rejected(exc.status)
                 raise
-            self._pick(decision, time.monotonic())
+            if not dispatched:
+                self._pick(decision, time.monotonic())
         except BaseException:  # refused, timed out, or cancelled (the client went away)
-            self._release(decision)
+            if not decision.dispatched:
+                self._release(decision)
             raise
 
     def _pick(self, decision: Decision, now: float) -> None:
@@ -328,15 +345,17 @@ class Director:
             pick.addresses[1:],
         )
 
-    def complete(self, decision: Decision) -> None:
-        """The HTTP request ended (stream closed): release its accounting."""
+    def complete(self, decision: Decision, ok: bool | None = None) -> None:
+        """The HTTP request ended (stream closed): release its accounting. `ok` None:
+        judged from the response status, when one was seen."""
         self._release(decision)
         if not decision.dispatched:
             return
         if decision.tenant is not None and self.ledger is not None:
             self.ledger.ended(decision.request_id)
         now = time.monotonic()
-        ok = decision.status == 0 or decision.status < 500
+        if ok is None:
+            ok = decision.status == 0 or decision.status < 500
         pool = decision.pool
         decision.scheduler.on_complete(
             decision.row,

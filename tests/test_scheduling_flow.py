@@ -389,3 +389,35 @@ def test_director_holds_what_does_not_fit_and_the_metrics_show_it():
     assert _gauge(metrics, "igw_pool_committed_requests") == 0
     off, _, body, _ = _director("0s")
     assert all(off.route_now(body(i), info).admission_wait is None for i in range(50))
+
+
+async def test_released_requests_are_dispatched_in_the_release_and_a_gone_client_ends_them():
+    """The director's held requests are picked inside the queue's release: a completion
+    that frees room for two dispatches both in one look. A held request whose client
+    leaves after that dispatch but before it resumed is ended as a failure: its
+    in-flight count goes, and its near-zero life teaches nothing about speed."""
+    director, _, body, info = _director()
+    routed = [director.route_now(body(i), info) for i in range(6)]
+    sent = [d for d in routed if d.admission_wait is None]
+    held = [d for d in routed if d.admission_wait is not None]
+    assert len(sent) == 4 and len(held) == 2
+    waits = [asyncio.create_task(director.admit(d)) for d in held]
+    await asyncio.sleep(0)
+    pool = director.datastore.pools["pool"]
+    state = director.schedulers["pool"].state
+    for d in sent[:2]:  # room for one more on each pod
+        director.complete(d)
+    director.admission["pool"]._release()
+    assert all(d.dispatched for d in held)  # both in the one release
+    assert not any(t.done() for t in waits)
+    row = held[1].row
+    learned = (float(state.spt[row]), float(state.prefill_floor[row]))
+    inflight = pool.table.inflight[:2].sum()
+    waits[1].cancel()  # the second client left before its task resumed
+    director.abandon(held[1])
+    assert pool.table.inflight[:2].sum() == inflight - 1
+    assert (float(state.spt[row]), float(state.prefill_floor[row])) == learned
+    await asyncio.wait_for(waits[0], 1.0)
+    for d in [held[0], *sent[2:]]:
+        director.complete(d)
+    assert pool.table.inflight[:2].sum() == 0
