@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from contract.global_config import GlobalRouterConfig, parse_global_config
-from tests.test_deploy import by_kind, one, render_manifests, validate_k8s
+from tests.test_deploy import assert_lint_clean, by_kind, one, render_manifests, validate_k8s
 
 CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "global-router"
 TENANTS = {"keysFile": "/placeholder", "list": [{"name": "acme",
@@ -82,10 +82,7 @@ def test_default_render_is_valid_and_runs_igw_global_serve():
 
 
 def test_helm_lint_is_clean():
-    helm = pytest.importorskip("helm_python")
-    report = helm.lint(CHART, strict=True)
-    assert report["errors"] == []
-    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+    assert_lint_clean(CHART)
 
 
 def test_region_cas_tls_redis_and_tenant_keys_are_mounted_where_the_config_says():
