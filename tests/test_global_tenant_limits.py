@@ -8,7 +8,8 @@ the limit, inside one minute window (the limiter's windows are minutes on Redis 
 the 200s over both routers add up to the limit within ±5 % (the Tier-1 model is
 tests/test_tenant_limits_gateways.py). Then Redis is killed: the configured
 `failureMode: closed` answers 503 `rate_limit_unavailable`, neither router crashes,
-and when Redis is back the limits are shared again. Nothing is mocked.
+the routers' `igw_tenant_limits_*` series say so, and when Redis is back the limits are
+shared again. Nothing is mocked.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tests.test_coordination_support import (
     limited_load,
     redis_server,
 )
-from tests.test_reliability_support import Load, wait_for
+from tests.test_reliability_support import Load, picker_metrics, wait_for
 
 MODEL = "llama-3.1-8b"
 PODS = [{"name": f"p{i}", "gpu": "h100", "model": MODEL} for i in range(2)]
@@ -39,6 +40,11 @@ DURATION = 20.0
 
 def _limits(router) -> dict:
     return httpx.get(router.status_url, timeout=5).json()["tenantLimits"]
+
+
+def _metrics(router) -> dict[str, float]:
+    """The router's /metrics, whose igw_tenant_limits_* series are Tier 1's."""
+    return picker_metrics(router.config["spec"]["ports"]["metrics"])
 
 
 def _replica_docs(tier1, keys_file, redis_url: str) -> list[dict]:
@@ -72,6 +78,10 @@ def test_two_global_routers_admit_one_limit_within_5_percent_and_survive_redis(t
                              for r in routers), 20, "limits shared by both routers")
         wait_for(lambda: all(httpx.get(r.status_url, timeout=5).json()["regions"][0]["fresh"]
                              for r in routers), 20, "the region fresh in both routers")
+        for router in routers:
+            metrics = _metrics(router)
+            assert metrics["igw_tenant_limits_shared"] == 1
+            assert metrics["igw_tenant_limits_replicas"] == 2
         results = limited_load(routers, key, RATE, DURATION)
         sync_errors = sum(_limits(r)["sync_errors"] for r in routers)
 
@@ -84,6 +94,7 @@ def test_two_global_routers_admit_one_limit_within_5_percent_and_survive_redis(t
                      keep_body=True).in_thread() for r in routers]
         down_results = [f.result(timeout=30) for f in down]
         assert all(r.proc.poll() is None for r in routers), "a router died with Redis"
+        down_metrics = [_metrics(r) for r in routers]
         redis.start()  # same port: the sync's client reconnects
         wait_for(lambda: all(_limits(r)["mode"] == "shared" for r in routers), 20,
                  "limits shared again after Redis came back")
@@ -93,6 +104,9 @@ def test_two_global_routers_admit_one_limit_within_5_percent_and_survive_redis(t
         [r.summary() for r in down_results]
     assert all(orjson.loads(o.body)["error"]["code"] == "rate_limit_unavailable"
                for o in unavailable)
+    assert all(m["igw_tenant_limits_degraded"] == 1 for m in down_metrics)
+    assert sum(m['igw_tenant_limits_refused_total{limit="unavailable"}']
+               for m in down_metrics) == len(unavailable)
     fig = assert_shared_limit(results, LIMIT, "tenant_limit_two_global_routers_under_load",
                               "router")
     fig["sync_errors"] = sync_errors
