@@ -30,13 +30,15 @@ HEADER = (
 
 
 def render_chart(
-    values: dict[str, Any] | None = None, namespace: str = NAMESPACE
+    values: dict[str, Any] | None = None, namespace: str = NAMESPACE, chart: Path = CHART,
+    release: str = RELEASE,
 ) -> dict[str, str]:
-    """Template file name → rendered text, exactly as `helm template` would print them."""
+    """Template file name → rendered text, exactly as `helm template` would print them
+    (this chart by default; the tests render deploy/helm/global-router too)."""
     import helm_python as helm
 
-    with helm.Chart.load(CHART) as chart:
-        return chart.render(values or {}, name=RELEASE, namespace=namespace)
+    with helm.Chart.load(chart) as loaded:
+        return loaded.render(values or {}, name=release, namespace=namespace)
 
 
 def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from picker.app import (
     serve_until_signalled,
 )
 from picker.cancellation import cancel_and_wait
+from picker.gateway_metrics import limits_text
 from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HealthCheck
 from picker.handlers import ExtProcHandler
 from picker.tenants.limits import Limiter
@@ -135,7 +136,13 @@ class GlobalRouterApp:
                   f"# TYPE {METRICS_PREFIX}_refused_total counter"]
         lines += [f'{METRICS_PREFIX}_refused_total{{status="{s}"}} {c}'
                   for s, c in sorted(self.director.refused.items())]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + self._limits_text()
+
+    def _limits_text(self) -> str:
+        """The tenant limits' igw_tenant_limits_* series, as Tier 1 serves them: whether
+        they are shared through Redis, degraded (failureMode applies), with how many
+        replicas, what they refused."""
+        return limits_text(self.limiter) if self.limiter is not None else ""
 
     async def stop(self, drain_timeout: float = DRAIN_TIMEOUT_S) -> None:
         self._stopping.set()

@@ -397,11 +397,27 @@ class _TenantCollector(Collector):
         reloads.add_metric(["refused"], float(s.reloads_refused))
         yield reloads
         if self.limiter is not None:
-            yield from _limits_state(self.limiter)
+            yield from limits_state(self.limiter)
 
 
-def _limits_state(limiter: Limiter) -> Iterator[Metric]:
-    """The limiter's link to the shared Redis and what it refused."""
+class _LimitsCollector(Collector):
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+
+    def collect(self) -> Iterator[Metric]:
+        yield from limits_state(self.limiter)
+
+
+def limits_text(limiter: Limiter) -> str:
+    """The limiter's series alone, as Prometheus text (the global router's /metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_LimitsCollector(limiter))
+    return generate_latest(registry).decode()
+
+
+def limits_state(limiter: Limiter) -> Iterator[Metric]:
+    """The limiter's link to the shared Redis and what it refused (the global router's
+    /metrics serves the same series)."""
     status = limiter.status()
     name = f"{PREFIX}_tenant_limits"
     shared = GaugeMetricFamily(

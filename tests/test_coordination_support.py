@@ -1,7 +1,9 @@
 """Helpers of the coordination tests: a real redis-server, and routing without servers.
 
 `redis_server` starts Debian's /usr/bin/redis-server on a free loopback port
-(no persistence), through bench/procs.py, and stops it by PID. `Replica` is
+(no persistence), through bench/procs.py, and stops it by PID. `limited_load` and
+`assert_shared_limit` serve the tests that load one shared tenant limit through
+several real gateways or routers. `Replica` is
 one gateway replica without its servers: a Datastore, a Director and a
 Coordinator on a shared config, so a test can route on it and look at its state.
 """
@@ -27,6 +29,7 @@ from picker.coordination import Coordinator
 from picker.datastore import Datastore
 from picker.director import Decision, Director, RequestInfo
 from picker.gateway_metrics import GatewayMetrics
+from tests.test_reliability_support import Figures, Load, LoadResult
 
 REDIS_SERVER = "/usr/bin/redis-server"
 POOL = "llama"
@@ -168,3 +171,55 @@ def long_prompt(seed: str, chars: int = 2000) -> str:
 
 def pair_config(url: str, **coordination: Any) -> GatewayConfig:
     return parse_config(config_doc(url, **coordination))
+
+
+
+# The shared limiter's windows: minutes on Redis TIME, this machine's wall clock here.
+LIMIT_WINDOW_S = 60.0
+
+
+def limited_body(i: int) -> bytes:
+    """The i-th small chat request of a tenant-limit load."""
+    return orjson.dumps({"model": MODEL, "max_tokens": 4,
+                         "messages": [{"role": "user", "content": f"question {i}"}]})
+
+
+def limited_load(targets: list[Any], key: str, rate: float, duration: float
+                 ) -> list[LoadResult]:
+    """Open-loop load of one tenant's requests (API key `key`) through every target (a
+    gateway or router: `.url`, `.ca`) at once, `rate` requests/s each, inside one minute
+    window (it waits for one with time enough left), so the whole run may admit exactly
+    the limit."""
+    left = LIMIT_WINDOW_S - time.time() % LIMIT_WINDOW_S
+    if left < duration + 8:
+        time.sleep(left + 0.5)
+    window = int(time.time() // LIMIT_WINDOW_S)
+    loads = [Load(t.url, t.ca, rate=rate, duration=duration, body=limited_body,
+                  headers={"authorization": f"Bearer {key}"}, timeout=20).in_thread()
+             for t in targets]
+    results = [f.result(timeout=duration + 60) for f in loads]
+    assert int(time.time() // LIMIT_WINDOW_S) == window, "the run left its window"
+    return results
+
+
+def assert_shared_limit(results: list[LoadResult], limit: int, name: str, per: str,
+                        overload: int = 3) -> Figures:
+    """Every answer a 200 or a 429 with Retry-After, the load well over the limit, the
+    200s over all targets the limit within ±5 %, each target admitting part of it (one
+    limit, not one each). The figures, for the caller to add to and emit."""
+    statuses = [r.statuses() for r in results]
+    admitted = sum(s[200] for s in statuses)
+    assert all(set(s) <= {200, 429} for s in statuses), [r.summary() for r in results]
+    # the load really was over the limit: more than `overload` times it refused
+    assert sum(s[429] for s in statuses) > overload * limit
+    assert abs(admitted - limit) <= 0.05 * limit, (admitted, [r.summary() for r in results])
+    refused = [o for r in results for o in r.outcomes if o.status == 429]
+    assert all(o.retry_after and int(o.retry_after) >= 1 for o in refused)
+    assert all(s[200] > 0 for s in statuses), statuses
+    fig = Figures(name)
+    fig["limit_per_minute"] = limit
+    fig["offered"] = sum(len(r.outcomes) for r in results)
+    fig["admitted"] = admitted
+    fig[f"admitted_per_{per}"] = [s[200] for s in statuses]
+    fig["error_vs_limit_pct"] = round(100 * (admitted - limit) / limit, 2)
+    return fig

@@ -1,6 +1,6 @@
 """The global router's director on its own (globalrouter.director): the answer it gives Envoy,
 the errors it maps, and tenant identity and limits at the global tier (the Tier-1 limiter,
-this replica alone; sharing across router replicas is not tested yet)."""
+this replica alone; shared across two real router replicas: tests/test_global_tenant_limits.py)."""
 
 from __future__ import annotations
 
