@@ -42,7 +42,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import metadata
@@ -241,12 +241,14 @@ def running(target: str, work: Path, echo_port: int, messages: int = 1) -> Itera
             child.stop()
 
 
-def start_envoy(config: dict, admin: int, logs: Path, children: list[Child]) -> Child:
+def start_envoy(config: dict, admin: int, logs: Path, children: list[Child],
+                extra_args: Sequence[str] = ()) -> Child:
     """Envoy on `config` (written to logs/envoy.yaml), added to `children` (stopped by the
     caller), once its admin port says ready."""
     path = logs / "envoy.yaml"
     path.write_text(yaml.safe_dump(config))
-    envoy = start_child("envoy", envoy_command(path, log_level="warning"), logs / "envoy.log")
+    envoy = start_child("envoy", envoy_command(path, log_level="warning", extra_args=extra_args),
+                        logs / "envoy.log")
     children.append(envoy)
     wait_until(lambda: _ready(admin), envoy, 30, "envoy")
     return envoy

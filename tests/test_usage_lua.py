@@ -15,18 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from aiohttp import web
 
+from bench.ext_proc_servers import start_envoy
+from bench.procs import Child
 from igw.ports import free_ports
-from igw_envoy.binary import envoy_command
 from igw_envoy.http_filters import router_filter, usage_filter
 from tests.standin_thread import loop_thread
 
@@ -180,25 +179,15 @@ def envoy(tmp_path_factory) -> Iterator[tuple[str, Path]]:
     tmp = tmp_path_factory.mktemp("usage-lua")
     listen, admin, up = free_ports(3)
     log = tmp / "access.log"
-    config = tmp / "envoy.yaml"
-    config.write_text(yaml.safe_dump(bootstrap(listen, admin, up, log)))
+    children: list[Child] = []
     with upstream(up):
-        proc = subprocess.Popen(envoy_command(config, concurrency=1, extra_args=FLUSH_FAST),
-                                stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"http://127.0.0.1:{admin}/ready").status_code == 200:
-                        break
-                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-                assert time.monotonic() < deadline, "envoy did not become ready"
-                time.sleep(0.1)
+            start_envoy(bootstrap(listen, admin, up, log), admin, tmp, children,
+                        extra_args=("--concurrency", "1", *FLUSH_FAST))
             yield f"http://127.0.0.1:{listen}", log
         finally:
-            proc.terminate()
-            proc.wait(10)
+            for child in children:
+                child.stop()
 
 
 def logged(log: Path, path: str, timeout: float = 5.0) -> dict:
