@@ -384,7 +384,7 @@ class _TenantCollector(Collector):
                 f"{name}_usage_unmeasured", "Routed tenant requests whose output tokens never "
                 "came (not a 200, the client left mid-stream): their reservation stands.",
             )
-            unmeasured.add_metric([], float(self.ledger.stats.unmeasured))
+            unmeasured.add_metric([], float(self.ledger.unmeasured))
             yield unmeasured
         keys = GaugeMetricFamily(f"{name}_keys", "API keys loaded from the keys file.")
         keys.add_metric([], float(s.keys))

@@ -50,15 +50,6 @@ class _Entry:
     ended_at: float = 0.0
 
 
-@dataclass(slots=True)
-class LedgerStats:
-    """Counted for the metrics: requests whose use was measured, or never came."""
-
-    measured: int = 0
-    estimated: int = 0  # of `measured`: counted from stream events, the stream had no usage
-    unmeasured: int = 0  # no access log entry within LINGER_S (or dropped at a bound)
-
-
 class UsageLedger:
     """Routed tenant requests until their output tokens are known. One event loop, no
     locks; every operation O(1) (the sweep pops expired entries from the front)."""
@@ -71,7 +62,9 @@ class UsageLedger:
         self.max_open = max_open
         self.max_ended = max_ended
         self.clock = clock
-        self.stats = LedgerStats()
+        # routed requests whose count never came (no entry within linger_s, or dropped
+        # at a bound): their reservation stands
+        self.unmeasured = 0
         self._open: dict[str, _Entry] = {}
         self._ended: OrderedDict[str, _Entry] = OrderedDict()
 
@@ -86,7 +79,7 @@ class UsageLedger:
             return
         if len(self._open) >= self.max_open:
             self._open.pop(next(iter(self._open)))
-            self.stats.unmeasured += 1
+            self.unmeasured += 1
         self._open[request_id] = _Entry(tenant, grant, prompt_tokens)
 
     def ended(self, request_id: str) -> None:
@@ -97,7 +90,7 @@ class UsageLedger:
         entry.ended_at = self.clock()
         if len(self._ended) >= self.max_ended:
             self._ended.popitem(last=False)
-            self.stats.unmeasured += 1
+            self.unmeasured += 1
         self._ended[request_id] = entry
 
     def measured(self, request_id: str, output_tokens: int, exact: bool) -> bool:
@@ -110,11 +103,8 @@ class UsageLedger:
         output = max(0, int(output_tokens))
         usage = entry.tenant.usage
         usage.output_tokens += output
-        stats = self.stats
-        stats.measured += 1
         if not exact:
             usage.output_tokens_estimated += output
-            stats.estimated += 1
         if entry.grant is not None and self.limiter is not None:
             self.limiter.correct(entry.grant, entry.prompt_tokens + output)
         log.debug("usage request=%s tenant=%s output_tokens=%d exact=%s",
@@ -132,7 +122,7 @@ class UsageLedger:
                 break
             ended.popitem(last=False)
             dropped += 1
-        self.stats.unmeasured += dropped
+        self.unmeasured += dropped
         return dropped
 
     async def sweeper(self, stopping: asyncio.Event) -> None:
