@@ -63,6 +63,8 @@ COST_UNITS = {"perGpuHour": "gpu_hour", "perMillionTokens": "million_tokens"}
 RESIDENCY_TAG = "residency"
 MAX_REGIONS = 64
 MAX_MODELS = 1000
+# Affinity memory is ~200 bytes per entry: 10M entries bound it at ~2 GB per table.
+MAX_AFFINITY_ENTRIES = 10_000_000
 _REGION_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
 
@@ -126,6 +128,19 @@ class PollingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AffinityConfig:
+    """Keeping conversations where their KV cache is (globalrouter.affinity)."""
+
+    # Block hashes (64 prompt characters each) remembered per region, LRU; 0: no
+    # prefix affinity. 200,000 blocks ≈ 12.8M characters ≈ 3M tokens per region, ~40 MB.
+    prefix_blocks_per_region: int = 200_000
+    # Sessions (`x-session-id`) remembered, LRU; 0: no session affinity.
+    max_sessions: int = 100_000
+    # A session not seen for this long is forgotten (placed afresh by the policy).
+    session_idle_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class GlobalRouterConfig:
     regions: tuple[RegionConfig, ...]
     models: tuple[ModelPolicy, ...] = ()
@@ -148,6 +163,7 @@ class GlobalRouterConfig:
     max_retries: int = 2
     tenants: TenantsConfig | None = None
     coordination: CoordinationConfig | None = None
+    affinity: AffinityConfig = field(default_factory=AffinityConfig)
 
     def policy_for(self, model: str) -> ModelPolicy:
         return next((p for p in self.models if p.model == model), self.default_policy)
@@ -282,6 +298,25 @@ def _polling(data: Any, path: str) -> PollingConfig:
     return PollingConfig(interval_s=interval, timeout_s=timeout, stale_after_s=stale)
 
 
+def _affinity(data: Any, path: str) -> AffinityConfig:
+    f = _Fields(data, path)
+    d = AffinityConfig()
+    blocks = _typed(f.take("prefixBlocksPerRegion", d.prefix_blocks_per_region), int,
+                    f.at("prefixBlocksPerRegion"))
+    sessions = _typed(f.take("maxSessions", d.max_sessions), int, f.at("maxSessions"))
+    idle = parse_duration(f.take("sessionIdleTimeout", d.session_idle_timeout_s),
+                          f.at("sessionIdleTimeout"))
+    f.done()
+    if not 0 <= blocks <= MAX_AFFINITY_ENTRIES:
+        raise ConfigError(f"{f.at('prefixBlocksPerRegion')}: must be between 0 and "
+                          f"{MAX_AFFINITY_ENTRIES}, got {blocks}")
+    if not 0 <= sessions <= MAX_AFFINITY_ENTRIES:
+        raise ConfigError(f"{f.at('maxSessions')}: must be between 0 and "
+                          f"{MAX_AFFINITY_ENTRIES}, got {sessions}")
+    return AffinityConfig(prefix_blocks_per_region=blocks, max_sessions=sessions,
+                          session_idle_timeout_s=idle)
+
+
 def _check_residency(
     policies: list[tuple[str, ModelPolicy]], regions: tuple[RegionConfig, ...]
 ) -> None:
@@ -342,6 +377,7 @@ def parse_global_config(doc: Any) -> GlobalRouterConfig:
     retries = _typed(spec.take("maxRetries", d.max_retries), int, "spec.maxRetries")
     tenants = _tenants(spec.take("tenants"), "spec.tenants")
     coordination = _coordination(spec.take("coordination"), "spec.coordination")
+    affinity = _affinity(spec.take("affinity"), "spec.affinity")
     spec.done()
     if not 0 <= retries <= 8:
         raise ConfigError(f"spec.maxRetries: must be between 0 and 8, got {retries}")
@@ -356,7 +392,7 @@ def parse_global_config(doc: Any) -> GlobalRouterConfig:
         regions=regions, models=models, default_policy=default, name=name, namespace=namespace,
         tls=tls, bbr=bbr, listen_address=address, listen_port=port, failure_mode=failure,
         polling=polling, spill_saturation=spill, max_retries=retries, tenants=tenants,
-        coordination=coordination, **ports,
+        coordination=coordination, affinity=affinity, **ports,
     )
 
 

@@ -69,7 +69,13 @@ RATE_LIMIT_HEADERS = (
 # allow-list (`a,b`, request hint: it never widens the choice, never stripped).
 REGION = "x-gateway-region"
 REGIONS = "x-gateway-regions"
-# The global router reads the allow-list like the other request hints.
-GLOBAL_ATTRIBUTES = {f"request.headers['{REGIONS}']": "regions"}
+# A conversation's id (our name, the one coding agents and LLM gateways commonly send):
+# the global router keeps a session in the region that served it (globalrouter.affinity).
+SESSION = "x-session-id"
+# The global router reads the allow-list and the session like the other request hints.
+GLOBAL_ATTRIBUTES = {
+    f"request.headers['{REGIONS}']": "regions",
+    f"request.headers['{SESSION}']": "session",
+}
 # Where a Tier-1 gateway serves its load summary (picker.load_summary), on its listener.
 LOAD_SUMMARY_PATH = "/igw/v1/load-summary"

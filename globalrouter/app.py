@@ -106,7 +106,9 @@ class GlobalRouterApp:
 
     async def _serve_regions(self, _request: web.Request) -> web.Response:
         doc = {"regions": self.table.describe(), "placed": dict(self.director.placed),
-               "refused": {str(k): v for k, v in self.director.refused.items()}}
+               "refused": {str(k): v for k, v in self.director.refused.items()},
+               "affinity": {**self.director.affine, "sessions": self.director.affinity.sessions,
+                            "prefixBlocks": self.director.affinity.prefix_blocks}}
         if self.limiter is not None:
             doc["tenantLimits"] = self.limiter.status()
         return web.json_response(doc)
@@ -136,7 +138,26 @@ class GlobalRouterApp:
                   f"# TYPE {METRICS_PREFIX}_refused_total counter"]
         lines += [f'{METRICS_PREFIX}_refused_total{{status="{s}"}} {c}'
                   for s, c in sorted(self.director.refused.items())]
+        lines += self._affinity_lines()
         return "\n".join(lines) + "\n" + self._limits_text()
+
+    def _affinity_lines(self) -> list[str]:
+        """What session and prefix affinity did, and how much they hold (bounded)."""
+        affinity = self.director.affinity
+        lines = [f"# HELP {METRICS_PREFIX}_affinity_total Placements affinity decided: session "
+                 "(kept in its region), moved (its region no longer qualified), prefix (the "
+                 "first region holds part of the prompt).",
+                 f"# TYPE {METRICS_PREFIX}_affinity_total counter"]
+        lines += [f'{METRICS_PREFIX}_affinity_total{{kind="{k}"}} {self.director.affine[k]}'
+                  for k in ("session", "moved", "prefix")]
+        lines += [f"# HELP {METRICS_PREFIX}_affinity_sessions Sessions remembered.",
+                  f"# TYPE {METRICS_PREFIX}_affinity_sessions gauge",
+                  f"{METRICS_PREFIX}_affinity_sessions {affinity.sessions}",
+                  f"# HELP {METRICS_PREFIX}_affinity_prefix_blocks Prompt blocks remembered, "
+                  "over all regions.",
+                  f"# TYPE {METRICS_PREFIX}_affinity_prefix_blocks gauge",
+                  f"{METRICS_PREFIX}_affinity_prefix_blocks {affinity.prefix_blocks}"]
+        return lines
 
     def _limits_text(self) -> str:
         """The tenant limits' igw_tenant_limits_* series, as Tier 1 serves them: whether

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from bbr.prefix import prefix_hashes
 from bbr.request import parse_request
 from contract import headers as hdr
 from contract.errors import ApiError, ModelNotFound, NoEligibleRegion
 from contract.global_config import GlobalRouterConfig
+from globalrouter.affinity import RegionAffinity
 from globalrouter.placement import allow_list, place
 from globalrouter.regions import RegionTable
 from picker.director import RequestInfo
@@ -30,6 +32,9 @@ from picker.tenants.identity import Tenant, TenantDirectory
 from picker.tenants.limits import Grant, Limiter
 
 log = logging.getLogger("globalrouter.director")
+
+# Prefix blocks hashed per request (64 characters each): as Tier 1 (picker.director).
+MAX_PREFIX_BLOCKS = 2048
 
 
 @dataclass(slots=True)
@@ -59,6 +64,8 @@ class GlobalDirector:
         if limiter is not None and config.tenants is not None:
             limiter.configure(config.tenants.limits())
         self.count = 1 + config.max_retries
+        self.affinity = RegionAffinity(config.affinity, len(table))
+        self.affine: Counter[str] = Counter()  # what affinity did → requests
         self.placed: Counter[str] = Counter()  # first-choice region → requests
         self.refused: Counter[int] = Counter()  # status → requests answered here
         self.completed: Counter[tuple[str, int]] = Counter()
@@ -89,20 +96,27 @@ class GlobalDirector:
                 raise NoEligibleRegion("no region has a fresh load summary; retry shortly")
             raise ModelNotFound(model)
         decision = GlobalDecision(model=model, started=now, tenant=tenant)
+        session_row = self.affinity.session_row(info.session, now)
+        hashes = prefix_hashes(model, parsed.prompt, MAX_PREFIX_BLOCKS).tolist()
         placement = place(self.table, model, view, self.config.policy_for(model),
-                          allow_list(self.table, info.regions), now, self.count, info.regions)
+                          allow_list(self.table, info.regions), now, self.count, info.regions,
+                          session_row, self.affinity.matched(hashes, len(parsed.prompt)))
         if tenant is not None and self.limiter is not None:
             tokens = parsed.prompt_tokens + parsed.max_tokens
             decision.grant = self.limiter.admit(tenant.name, model, tokens, now)
             decision.limit_headers = self.limiter.headers(decision.grant)
         decision.region = placement.names[0]
+        self.affinity.record(info.session, hashes, placement.rows[0], now)
+        if placement.affinity:
+            self.affine[placement.affinity] += 1
         decision.headers = [
             (hdr.DESTINATION_ENDPOINT, ",".join(placement.addresses)),
             (hdr.REGION, decision.region),
         ]
         self.placed[decision.region] += 1
-        log.debug("place model=%s regions=%s predicted_ttft=%.3f meets_slo=%s", model,
-                  ",".join(placement.names), placement.predicted_ttft_s, placement.meets_slo)
+        log.debug("place model=%s regions=%s predicted_ttft=%.3f meets_slo=%s affinity=%s",
+                  model, ",".join(placement.names), placement.predicted_ttft_s,
+                  placement.meets_slo, placement.affinity or "-")
         return decision
 
     async def admit(self, decision: GlobalDecision) -> None:

@@ -18,6 +18,13 @@ first, saturated ones after them (spill-over), each group by the policy:
                          (ties: faster first), then the rest, fastest first
     fastest              fastest first
 
+Affinity (globalrouter.affinity) enters twice. A prefix the router sent to a
+region before makes that region's prediction shorter by the matched share of the
+prompt, when nothing waits there, before the policy orders. A session's region
+is then moved to the front if it is not saturated and its prediction meets the
+SLO: a conversation stays while its region is good enough, whatever the policy
+would pick for a new one.
+
 All of it is numpy over a few regions; nothing here waits or allocates per region.
 """
 
@@ -41,6 +48,9 @@ class Placement:
     addresses: tuple[str, ...]
     predicted_ttft_s: float  # of the first region: its summary's prediction + RTT
     meets_slo: bool
+    # What affinity did: "session" (the session's region kept it), "moved" (the session's
+    # region no longer qualified), "prefix" (the first region holds part of the prompt), "".
+    affinity: str = ""
 
 
 def allow_list(table: RegionTable, header: str | None) -> np.ndarray | None:
@@ -68,8 +78,13 @@ def place(
     now: float,
     count: int,
     allow_header: str | None = None,
+    session_row: int = -1,
+    cached: np.ndarray | None = None,
 ) -> Placement:
-    """Up to `count` regions for `model`, best first; NoEligibleRegion when none may."""
+    """Up to `count` regions for `model`, best first; NoEligibleRegion when none may.
+
+    `session_row`: the region of the request's session (-1: none); `cached`: per
+    region, the share of the prompt it holds (None: nowhere)."""
     keep = table.fresh(now)
     _require(keep, f"no region has a fresh load summary for model `{echo(model)}`")
     keep = keep & view.serves & view.ready
@@ -86,8 +101,18 @@ def place(
         _require(keep, f"no region allowed by x-gateway-regions "
                        f"({echo(allow_header or '', 100)!r}) can serve model `{echo(model)}` now")
     rows = np.flatnonzero(keep)
-    ttft = view.ttft_s[rows] + table.rtt_s[rows]
-    order = _order(rows, ttft, view, policy, table.config.spill_saturation)[:count]
+    ttft = view.ttft_s[rows]
+    if cached is not None:  # a cached prefix shortens the prefill, not a queue
+        ttft = ttft * (1.0 - np.where(view.waiting[rows], 0.0, cached[rows]))
+    ttft = ttft + table.rtt_s[rows]
+    spilled = (view.saturation[rows] >= table.config.spill_saturation) | view.saturated[rows]
+    order = _order(ttft, spilled, view.cost[rows], policy)
+    affinity = ""
+    if session_row >= 0:
+        order, affinity = _keep_session(order, rows, session_row, ttft, spilled, policy)
+    order = order[:count]
+    if not affinity and cached is not None and cached[rows[order[0]]] > 0:
+        affinity = "prefix"
     chosen = rows[order]
     first = float(ttft[order[0]])
     return Placement(
@@ -96,6 +121,7 @@ def place(
         addresses=tuple(table.addresses[r] for r in chosen),
         predicted_ttft_s=first,
         meets_slo=first <= policy.ttft_slo_s,
+        affinity=affinity,
     )
 
 
@@ -104,13 +130,22 @@ def _require(mask: np.ndarray, message: str) -> None:
         raise NoEligibleRegion(message)
 
 
-def _order(rows: np.ndarray, ttft: np.ndarray, view: ModelView, policy: ModelPolicy,
-           spill: float) -> np.ndarray:
-    """Positions into `rows`, best first (see the module docstring)."""
-    spilled = (view.saturation[rows] >= spill) | view.saturated[rows]
+def _order(ttft: np.ndarray, spilled: np.ndarray, cost: np.ndarray,
+           policy: ModelPolicy) -> np.ndarray:
+    """Positions into the eligible rows, best first (see the module docstring)."""
     if policy.policy == "fastest":
         return np.lexsort((ttft, spilled))
     misses = ttft > policy.ttft_slo_s
     # within the SLO: by cost; beyond it: cost does not matter, speed does
-    cost = np.where(misses, 0.0, view.cost[rows])
+    cost = np.where(misses, 0.0, cost)
     return np.lexsort((ttft, cost, misses, spilled))
+
+
+def _keep_session(order: np.ndarray, rows: np.ndarray, session_row: int, ttft: np.ndarray,
+                  spilled: np.ndarray, policy: ModelPolicy) -> tuple[np.ndarray, str]:
+    """The session's region first if it qualifies; the order and what affinity did."""
+    at = np.flatnonzero(rows == session_row)
+    if at.size == 0 or spilled[at[0]] or ttft[at[0]] > policy.ttft_slo_s:
+        return order, "moved"
+    pos = at[0]
+    return np.concatenate((at, order[order != pos])), "session"

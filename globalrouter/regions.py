@@ -34,6 +34,7 @@ class ModelView:
     ttft_s: np.ndarray  # the summary's predicted TTFT of a typical request (inf: unknown)
     saturation: np.ndarray  # the pool's saturation (0 when unknown)
     saturated: np.ndarray  # bool: the Tier-1 picker says the pool is saturated
+    waiting: np.ndarray  # bool: requests wait there (its admission queue or engines)
     cost: np.ndarray  # the region's price for the name (inf: not priced)
 
 
@@ -133,6 +134,7 @@ class RegionTable:
             ttft_s=np.full(n, math.inf),
             saturation=np.zeros(n),
             saturated=np.zeros(n, dtype=bool),
+            waiting=np.zeros(n, dtype=bool),
             cost=cost,
         )
 
@@ -194,6 +196,7 @@ def _fill(view: ModelView, row: int, pool: dict[str, Any]) -> None:
     view.ttft_s[row] = _number(ttft) if ttft is not None and ready else math.inf
     view.saturation[row] = _number(pool.get("saturation"))
     view.saturated[row] = pool.get("saturated") is True
+    view.waiting[row] = _number(pool.get("queueLength")) + _number(pool.get("engineWaiting")) > 0
 
 
 def _number(value: Any) -> float:

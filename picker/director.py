@@ -55,6 +55,8 @@ class RequestInfo:
     tenant_claim: str | None = None
     # The client's allow-list of regions (the global router reads it; Tier 1 ignores it).
     regions: str | None = None
+    # The client's session id (the global router keeps a session in one region).
+    session: str | None = None
 
 
 @dataclass(slots=True)

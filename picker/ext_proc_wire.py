@@ -52,6 +52,8 @@ class RequestHeaders:
     tenant_claim: str | None = None
     # The global router's client allow-list of regions (contract.headers.REGIONS).
     regions: str | None = None
+    # The global router's session id (contract.headers.SESSION).
+    session: str | None = None
 
 
 def read_headers(header_map: base_pb2.HeaderMap) -> RequestHeaders:
@@ -81,6 +83,8 @@ def read_headers(header_map: base_pb2.HeaderMap) -> RequestHeaders:
             out.tenant_claim = value
         elif key == hdr.REGIONS:
             out.regions = value
+        elif key == hdr.SESSION:
+            out.session = value
     return out
 
 

@@ -214,6 +214,7 @@ class ExtProcStream:
             authorization=info.authorization,
             tenant_claim=info.tenant_claim,
             regions=info.regions,
+            session=info.session,
         )
         decision = self._handler.director.route_now(body, request)
         if decision.admission_wait is None:

@@ -128,6 +128,28 @@ def test_the_allow_list_narrows_the_choice(client):
     assert _chat(client, "us-east-1, us-west-2").headers[hdr.REGION] == "us-west-2"
 
 
+def test_a_session_stays_in_its_region_until_it_may_not(client, world):
+    """A conversation placed on us-east-1 (its first turn allowed only there) stays there
+    though eu-west-1 is cheaper; the allow-list still narrows (the session moves with it);
+    a request of no session is placed by the policy; an overlong id is a 400."""
+    def turn(session: str, regions: str | None = None) -> str:
+        headers = {hdr.SESSION: session, **({hdr.REGIONS: regions} if regions else {})}
+        reply = client.post("/v1/chat/completions", json=BODY, headers=headers)
+        assert reply.status_code == 200, reply.text
+        return reply.headers[hdr.REGION]
+
+    assert turn("conv-1", "us-east-1") == "us-east-1"
+    assert [turn("conv-1") for _ in range(3)] == ["us-east-1"] * 3
+    assert _chat(client).headers[hdr.REGION] == "eu-west-1"
+    assert turn("conv-1", "us-west-2") == "us-west-2"  # narrowed: the session follows
+    assert turn("conv-1") == "us-west-2"
+    too_long = client.post("/v1/chat/completions", json=BODY, headers={hdr.SESSION: "x" * 257})
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["param"] == hdr.SESSION
+    metrics = httpx.get(world[0].status_url.replace("/regions", "/metrics"), timeout=5).text
+    assert 'igw_global_affinity_total{kind="session"} 4' in metrics, metrics
+
+
 @pytest.mark.parametrize("allowed", ["mars", "", "mars,venus"])
 def test_an_empty_allow_list_is_a_503_naming_the_constraint(client, allowed):
     reply = _chat(client, allowed)
