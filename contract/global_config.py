@@ -32,8 +32,10 @@ from contract.config import (
     BbrConfig,
     ConfigError,
     CoordinationConfig,
+    JwtConfig,
     TenantsConfig,
     TlsConfig,
+    _auth,
     _bbr,
     _choice,
     _coordination,
@@ -164,6 +166,8 @@ class GlobalRouterConfig:
     tenants: TenantsConfig | None = None
     coordination: CoordinationConfig | None = None
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
+    # spec.auth.jwt: every request needs a valid token, checked by the front door's Envoy.
+    jwt: JwtConfig | None = None
 
     def policy_for(self, model: str) -> ModelPolicy:
         return next((p for p in self.models if p.model == model), self.default_policy)
@@ -331,11 +335,16 @@ def _check_residency(
                 )
 
 
-def _check_tenants(tenants: TenantsConfig, models: tuple[ModelPolicy, ...]) -> None:
-    """API keys only (the global router has no `auth.jwt` yet); per-model limits name a
-    model that `spec.models` lists."""
-    if tenants.jwt_claim is not None:
-        raise ConfigError("spec.tenants.jwtClaim: the global router takes API keys (keysFile) only")
+def _check_tenants(tenants: TenantsConfig, jwt: JwtConfig | None,
+                   models: tuple[ModelPolicy, ...]) -> None:
+    """As Tier 1: the claim needs a verified token, API keys exclude it (both are
+    `Authorization: Bearer`); per-model limits name a model that `spec.models` lists."""
+    if tenants.jwt_claim is not None and jwt is None:
+        raise ConfigError("spec.tenants.jwtClaim: needs spec.auth.jwt (the verified token)")
+    if tenants.keys_file is not None and jwt is not None:
+        raise ConfigError(
+            "spec.tenants.keysFile: not with spec.auth.jwt (both are `Authorization: Bearer`); "
+            "use jwtClaim to name the tenant from the token")
     listed = {m.model for m in models}
     for i, tenant in enumerate(tenants.tenants):
         for model in tenant.model_limits:
@@ -378,6 +387,7 @@ def parse_global_config(doc: Any) -> GlobalRouterConfig:
     tenants = _tenants(spec.take("tenants"), "spec.tenants")
     coordination = _coordination(spec.take("coordination"), "spec.coordination")
     affinity = _affinity(spec.take("affinity"), "spec.affinity")
+    jwt = _auth(spec.take("auth"), "spec.auth")
     spec.done()
     if not 0 <= retries <= 8:
         raise ConfigError(f"spec.maxRetries: must be between 0 and 8, got {retries}")
@@ -387,12 +397,12 @@ def parse_global_config(doc: Any) -> GlobalRouterConfig:
     policies = [(f"spec.models[{i}]", m) for i, m in enumerate(models)]
     _check_residency([*policies, ("spec.defaultPolicy", default)], regions)
     if tenants is not None:
-        _check_tenants(tenants, models)
+        _check_tenants(tenants, jwt, models)
     return GlobalRouterConfig(
         regions=regions, models=models, default_policy=default, name=name, namespace=namespace,
         tls=tls, bbr=bbr, listen_address=address, listen_port=port, failure_mode=failure,
         polling=polling, spill_saturation=spill, max_retries=retries, tenants=tenants,
-        coordination=coordination, affinity=affinity, **ports,
+        coordination=coordination, affinity=affinity, jwt=jwt, **ports,
     )
 
 

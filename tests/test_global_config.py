@@ -15,6 +15,8 @@ from contract.global_config import (
     parse_global_config,
 )
 
+JWT = {"issuer": "https://issuer.test", "audiences": ["igw"], "jwksFile": "/etc/igw/jwks.json"}
+
 
 def document(**spec: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
@@ -164,7 +166,12 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("tls", document(tls={"certificateFile": "/c"}), "certificateFile and keyFile"),
     ("bbr limit", document(bbr={"maxRequestBodyBytes": 10}), "maxRequestBodyBytes: must be"),
     ("tenants claim", document(tenants={"jwtClaim": "sub", "list": [{"name": "a"}]}),
-     "spec.tenants.jwtClaim: the global router takes API keys"),
+     "spec.tenants.jwtClaim: needs spec.auth.jwt"),
+    ("keys with jwt", document(auth={"jwt": JWT}, tenants={**KEYS, "list": [{"name": "a"}]}),
+     "spec.tenants.keysFile: not with spec.auth.jwt"),
+    ("jwt keys", document(auth={"jwt": {"issuer": "https://i"}}),
+     "spec.auth.jwt: exactly one of jwksUri or jwksFile"),
+    ("auth unknown", document(auth={"oidc": {}}), "spec.auth.oidc: unknown field"),
     ("tenants model", document(tenants={**KEYS, "list": [
         {"name": "acme", "modelLimits": {"other": {"requestsPerMinute": 5}}}]}),
      r"spec.tenants.list\[0\].modelLimits.other: not a model of spec.models"),
@@ -178,6 +185,13 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 def test_every_validation_error_names_the_field(doc: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_global_config(copy.deepcopy(doc))
+
+
+def test_jwt_names_the_tenant_as_in_tier_1() -> None:
+    doc = document(auth={"jwt": JWT}, tenants={"jwtClaim": "team", "list": [{"name": "a"}]})
+    config = parse_global_config(doc)
+    assert config.jwt is not None and config.jwt.issuer == JWT["issuer"]
+    assert config.jwt.audiences == ("igw",) and config.tenants.jwt_claim == "team"
 
 
 def test_tenants_reuse_the_gateway_types() -> None:

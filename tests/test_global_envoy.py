@@ -3,16 +3,19 @@ Envoy binary's `--mode validate` on it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from contract import headers as hdr
 from contract.global_config import parse_global_config
 from igw_envoy.binary import validate_config
 from igw_envoy.global_front import write_global_bootstrap
 from igw_envoy.tls import ensure_self_signed
+from tests.jwt_keys import jwks as jwks_doc
 
 
 def _config(tmp_path: Path, **spec):
@@ -118,3 +121,24 @@ def test_with_tenants_the_limits_are_answered_and_the_key_kept(tmp_path: Path) -
     assert added == {hdr.REGION, *hdr.RATE_LIMIT_HEADERS}
     ext_proc = _hcm(yaml.safe_load(path.read_text()))["http_filters"][1]["typed_config"]
     assert f"request.headers['{hdr.AUTHORIZATION}']" in ext_proc["request_attributes"]
+
+
+@pytest.mark.parametrize("jwks", ["file", "uri"])
+def test_with_jwt_the_token_is_checked_before_the_router(tmp_path: Path, jwks: str) -> None:
+    keys = tmp_path / "jwks.json"
+    keys.write_text(json.dumps(jwks_doc(ec.generate_private_key(ec.SECP256R1()))))
+    source = {"jwksFile": str(keys)} if jwks == "file" else {
+        "jwksUri": "https://login.example.com/.well-known/jwks.json"}
+    config = _config(tmp_path, auth={"jwt": {"issuer": "https://issuer.test", **source}},
+                     tenants={"jwtClaim": "team", "list": [{"name": "acme"}]})
+    path = write_global_bootstrap(config, tmp_path / "state")
+    validate_config(path)
+    bootstrap = yaml.safe_load(path.read_text())
+    filters = _hcm(bootstrap)["http_filters"]
+    assert [f["name"] for f in filters][:3] == [
+        "envoy.filters.http.header_mutation", "envoy.filters.http.jwt_authn",
+        "envoy.filters.http.ext_proc"]
+    provider = filters[1]["typed_config"]["providers"]["igw"]
+    assert provider["claim_to_headers"] == [{"header_name": hdr.TENANT, "claim_name": "team"}]
+    assert provider["forward"] is False
+    assert ("jwks" in _clusters(bootstrap)) == (jwks == "uri")

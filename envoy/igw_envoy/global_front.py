@@ -42,7 +42,7 @@ from igw_envoy.http_filters import (
     router_filter,
     strip_filter,
 )
-from igw_envoy.jwt import system_ca_bundle
+from igw_envoy.jwt import jwks_cluster, jwt_filter, system_ca_bundle
 from igw_envoy.listener import connection_manager_base, https_listener
 from igw_envoy.render import (
     RenderPaths,
@@ -187,8 +187,11 @@ def global_listener(config: GlobalRouterConfig, paths: RenderPaths) -> dict:
     attributes = [*headers.REQUEST_ATTRIBUTES, *headers.GLOBAL_ATTRIBUTES]
     if config.tenants is not None:
         attributes += headers.TENANT_ATTRIBUTES
-    filters = [
-        strip_filter(),
+    filters = [strip_filter()]
+    if config.jwt is not None:  # before ext_proc: a request without a valid token costs nothing
+        claim = config.tenants.jwt_claim if config.tenants is not None else None
+        filters.append(jwt_filter(config.jwt, None, claim))
+    filters += [
         ext_proc_filter_for(config.failure_mode == "open", attributes),
         hold_filter_for(limit),
         router_filter(),
@@ -207,14 +210,17 @@ def render_global_bootstrap(config: GlobalRouterConfig, paths: RenderPaths) -> d
     """The whole bootstrap (static: a config change restarts `igw global serve`)."""
     picker_host, _, picker_port = paths.picker_address.rpartition(":")
     node = f"igw-global-{config.name}"
+    clusters = [picker_cluster(picker_host.strip("[]"), int(picker_port)),
+                regions_cluster(config)]
+    if config.jwt is not None and config.jwt.jwks_uri:
+        clusters.append(jwks_cluster(config.jwt.jwks_uri))
     return {
         "node": {"id": node, "cluster": node},
         "admin": {"address": {"socket_address": {
             "address": "127.0.0.1", "port_value": config.envoy_admin_port}}},
         "static_resources": {
             "listeners": [global_listener(config, paths)],
-            "clusters": [picker_cluster(picker_host.strip("[]"), int(picker_port)),
-                         regions_cluster(config)],
+            "clusters": clusters,
         },
         "overload_manager": overload_manager(),
     }
