@@ -42,9 +42,13 @@ METRICS_PREFIX = "igw_global"
 class GlobalRouterApp:
     """Owns every long-lived part of the global router process."""
 
-    def __init__(self, config_path: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, config_path: Path, host: str = "127.0.0.1",
+                 metrics_host: str | None = None) -> None:
         self.config: GlobalRouterConfig = load_global_config(config_path)
         self.host = host
+        # The HTTP port (/metrics, /regions, /healthz) may face the pod network for a
+        # Prometheus scrape; ext_proc stays on `host` (it decides where traffic goes).
+        self.metrics_host = metrics_host or host
         self.table = RegionTable(self.config)
         tenants = self.config.tenants
         self.limiter = Limiter(failure_mode=tenants.failure_mode) if tenants is not None else None
@@ -80,7 +84,7 @@ class GlobalRouterApp:
         await self._grpc.start(self.host, self.config.picker_port)
         self._http = await self._start_http()
         log.info("global router serving ext_proc=%s:%d http=%s:%d regions=%s", self.host,
-                 self.config.picker_port, self.host, self.config.metrics_port,
+                 self.config.picker_port, self.metrics_host, self.config.metrics_port,
                  ",".join(self.table.names))
 
     def _serving(self, service: str) -> int | None:
@@ -97,7 +101,7 @@ class GlobalRouterApp:
         app.router.add_get("/metrics", self._serve_metrics)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, self.host, self.config.metrics_port).start()
+        await web.TCPSite(runner, self.metrics_host, self.config.metrics_port).start()
         return runner
 
     async def _serve_health(self, _request: web.Request) -> web.Response:

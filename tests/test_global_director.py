@@ -4,20 +4,25 @@ this replica alone; shared across two real router replicas: tests/test_global_te
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
+import yaml
 
 from contract import headers as hdr
 from contract.errors import ModelNotFound, NoEligibleRegion, Unauthorized
 from contract.global_config import parse_global_config
+from globalrouter.app import GlobalRouterApp
 from globalrouter.director import GlobalDirector
 from globalrouter.regions import RegionTable
 from picker.director import RequestInfo
 from picker.tenants.limits import Limiter, RateLimited
-from tests.procs import mint_key
+from tests.procs import global_config, mint_key
 
 M = "llama"
 BODY = orjson.dumps({"model": M, "messages": [{"role": "user", "content": "hi"}],
@@ -90,3 +95,37 @@ def test_tenants_are_identified_and_limited_at_the_global_tier(tmp_path: Path) -
     with pytest.raises(RateLimited) as refused:
         director.route_now(BODY, _info(authorization=auth))
     assert refused.value.status == 429
+
+
+def test_a_session_is_recorded_where_it_was_placed_and_kept_there(tmp_path: Path) -> None:
+    director = _director(tmp_path)
+    first = director.route_now(BODY, _info(session="s1", regions="a"))
+    assert first.region == "a"  # only a allowed: the session starts there
+    again = director.route_now(BODY, _info(session="s1"))
+    assert again.region == "a"  # b is cheaper, but the session stays
+    assert director.route_now(BODY, _info()).region == "b"
+    assert director.affine["session"] == 1 and director.affinity.sessions == 1
+
+
+def test_the_http_port_may_face_the_pod_network_while_ext_proc_stays_local(
+        tmp_path: Path) -> None:
+    """`--metrics-host` (env IGW_METRICS_HOST): /metrics on another address than ext_proc."""
+    doc = global_config([{"name": "a", "endpoint": "127.0.0.2:1"}])
+    path = tmp_path / "global.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    ports = doc["spec"]["ports"]
+
+    async def run() -> tuple[int, bool]:
+        app = GlobalRouterApp(path, host="127.0.0.1", metrics_host="127.0.0.7")
+        await app.start()
+        try:
+            async with httpx.AsyncClient() as http:
+                reply = await http.get(f"http://127.0.0.7:{ports['metrics']}/metrics")
+            with socket.socket() as sock:  # ext_proc is not on the metrics address
+                refused = sock.connect_ex(("127.0.0.7", ports["picker"])) != 0
+            return reply.status_code, refused
+        finally:
+            await app.stop(drain_timeout=1.0)
+
+    status, refused = asyncio.run(run())
+    assert status == 200 and refused
