@@ -21,6 +21,7 @@ from contract.global_config import GlobalRouterConfig, load_global_config
 from globalrouter.director import GlobalDirector
 from globalrouter.poller import SummaryPoller
 from globalrouter.regions import RegionTable
+from globalrouter.reload import GlobalConfigReloader
 from picker.app import (
     EXT_PROC_PATH,
     HEALTH_SERVICES,
@@ -54,6 +55,7 @@ class GlobalRouterApp:
         self.limiter = Limiter(failure_mode=tenants.failure_mode) if tenants is not None else None
         self.director = GlobalDirector(self.config, self.table, self.limiter)
         self.poller = SummaryPoller(self.config, self.table)
+        self.reloader = GlobalConfigReloader(self.config, config_path, self._adopt)
         self._grpc: H2GrpcServer | None = None
         self._http: web.AppRunner | None = None
         self._stopping = asyncio.Event()
@@ -67,8 +69,17 @@ class GlobalRouterApp:
             return coordination.key_prefix
         return f"igw-global:{self.config.namespace}:{self.config.name}"
 
+    def _adopt(self, config: GlobalRouterConfig) -> None:
+        """Every part to a reloaded config (globalrouter.reload decided it may)."""
+        self.config = config
+        self.table.reconfigure(config)
+        self.poller.config = config
+        self.director.reconfigure(config)
+
     async def start(self) -> None:
         self.poller.start()
+        watch = self.reloader.watch(self._stopping)
+        self._tasks.append(asyncio.create_task(watch, name="global-config-watch"))
         if self.limiter is not None:
             await self.limiter.start_shared(self.config.coordination, self.key_prefix)
             keys = self.director.tenants.watch(self._stopping)
@@ -111,6 +122,8 @@ class GlobalRouterApp:
     async def _serve_regions(self, _request: web.Request) -> web.Response:
         doc = {"regions": self.table.describe(), "placed": dict(self.director.placed),
                "refused": {str(k): v for k, v in self.director.refused.items()},
+               "config": {"lastReload": self.reloader.last,
+                          "drained": [r.name for r in self.config.regions if r.drain]},
                "affinity": {**self.director.affine, "sessions": self.director.affinity.sessions,
                             "prefixBlocks": self.director.affinity.prefix_blocks}}
         if self.limiter is not None:
@@ -143,6 +156,10 @@ class GlobalRouterApp:
         lines += [f'{METRICS_PREFIX}_refused_total{{status="{s}"}} {c}'
                   for s, c in sorted(self.director.refused.items())]
         lines += self._affinity_lines()
+        lines += [f"# HELP {METRICS_PREFIX}_config_reloads_total Config reloads, by result.",
+                  f"# TYPE {METRICS_PREFIX}_config_reloads_total counter"]
+        lines += [f'{METRICS_PREFIX}_config_reloads_total{{result="{r}"}} '
+                  f'{self.reloader.results[r]}' for r in ("applied", "refused")]
         return "\n".join(lines) + "\n" + self._limits_text()
 
     def _affinity_lines(self) -> list[str]:
@@ -181,4 +198,4 @@ class GlobalRouterApp:
             await self._http.cleanup()
 
     async def run_until_signalled(self) -> None:
-        await serve_until_signalled(self.start, self.stop, "global router")
+        await serve_until_signalled(self.start, self.stop, "global router", self.reloader.reload)

@@ -70,6 +70,13 @@ class GlobalDirector:
         self.refused: Counter[int] = Counter()  # status → requests answered here
         self.completed: Counter[tuple[str, int]] = Counter()
 
+    def reconfigure(self, config: GlobalRouterConfig) -> None:
+        """A reloaded config (globalrouter.reload): policies, tenants and limits from it."""
+        self.config = config
+        self.tenants.configure(config.tenants)
+        if self.limiter is not None and config.tenants is not None:
+            self.limiter.configure(config.tenants.limits())
+
     def models_body(self) -> bytes:
         """`GET /v1/models`: every name some region's summary serves (OpenAI's list)."""
         cards = [{"id": name, "object": "model", "owned_by": "inference-gateway"}

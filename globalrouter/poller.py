@@ -81,7 +81,6 @@ class SummaryPoller:
             await session.close()
 
     async def _run(self, row: int, region: RegionConfig, session: aiohttp.ClientSession) -> None:
-        interval = self.config.polling.interval_s
         url = f"https://{region.endpoint}{hdr.LOAD_SUMMARY_PATH}"
         was_fresh = False
         while True:
@@ -99,6 +98,7 @@ class SummaryPoller:
                 log.info("region %s %s", region.name, "fresh" if fresh else
                          f"unknown ({self.table.status[row].error or 'stale summary'})")
                 was_fresh = fresh
+            interval = self.config.polling.interval_s  # a reload may change it
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _fetch(self, session: aiohttp.ClientSession, url: str, region: RegionConfig

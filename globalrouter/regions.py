@@ -70,6 +70,16 @@ class RegionTable:
     def __len__(self) -> int:
         return len(self.names)
 
+    def reconfigure(self, config: GlobalRouterConfig) -> None:
+        """A reloaded config (globalrouter.reload: the same regions, in the same order):
+        drains, prices, tags and staleness now come from it."""
+        self.config = config
+        self.drained = np.array([r.drain for r in config.regions], dtype=bool)
+        self._residency = {}
+        for row in range(len(self.names)):
+            self._refresh_row(row)
+        self.rebuild()
+
     # -- written by the poller ------------------------------------------------------
 
     def record_ok(self, row: int, summary: dict[str, Any], rtt_s: float, now: float) -> None:

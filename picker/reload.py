@@ -24,6 +24,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -59,7 +60,7 @@ def load_initial(config_path: Path, state_dir: Path) -> tuple[GatewayConfig, Sig
     The signature is taken before the file is read: a change made while the
     picker starts is reloaded once it runs, never missed.
     """
-    signature = _signature(config_path)
+    signature = file_signature(config_path)
     return _initial_config(config_path, state_dir), signature
 
 
@@ -140,7 +141,7 @@ class ConfigReloader:
         """Reload whenever the file changes, until the picker stops."""
         while not stopping.is_set():
             await asyncio.sleep(RELOAD_POLL_S)
-            signature = _signature(self.config_path)
+            signature = file_signature(self.config_path)
             if signature != self._signature:
                 self._signature = signature
                 self.reload()
@@ -259,7 +260,7 @@ def _read_config(path: Path) -> tuple[GatewayConfig, bytes]:
     return load_config_text(data.decode("utf-8", "replace")), data
 
 
-def _signature(path: Path) -> Signature:
+def file_signature(path: Path) -> Signature:
     """The file's `Signature` (inode too: a ConfigMap swaps the file); zeros if unreadable."""
     with contextlib.suppress(OSError):
         st = os.stat(path)
@@ -288,25 +289,33 @@ def union_config(old: GatewayConfig, new: GatewayConfig) -> GatewayConfig:
 def restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
     """The config fields that differ and cannot change without a restart."""
     checks = {
-        "spec.listener": (old.listen_address, old.listen_port)
-        != (new.listen_address, new.listen_port),
+        **listener_changes(old, new),
         "spec.ports": (old.picker_port, old.admin_port, old.metrics_port, old.envoy_admin_port)
         != (new.picker_port, new.admin_port, new.metrics_port, new.envoy_admin_port),
+        # The replica's Redis connection, identity and stream position are set up once.
+        "spec.coordination": _coordination_of(old) != _coordination_of(new),
+    }
+    return [name for name, changed in checks.items() if changed]
+
+
+def listener_changes(old: Any, new: Any) -> dict[str, bool]:
+    """What Envoy's listener is rendered from, in a Tier-1 or a global router config:
+    whether each part changed (only a restart of Envoy applies it)."""
+    return {
+        "spec.listener": (old.listen_address, old.listen_port)
+        != (new.listen_address, new.listen_port),
         "spec.failureMode": old.failure_mode != new.failure_mode,
         "spec.bbr.maxRequestBodyBytes": old.bbr.max_request_body_bytes
         != new.bbr.max_request_body_bytes,
         "spec.tls": old.tls != new.tls,
         "spec.auth": old.jwt != new.jwt,
-        # The replica's Redis connection, identity and stream position are set up once.
-        "spec.coordination": _coordination_of(old) != _coordination_of(new),
         # On or off changes the listener (the identity attributes ext_proc reads, the
         # JWT claim header); the limiter's failure mode is set when it starts.
         "spec.tenants": _tenancy_of(old) != _tenancy_of(new),
     }
-    return [name for name, changed in checks.items() if changed]
 
 
-def _tenancy_of(config: GatewayConfig) -> tuple[str | None, str] | None:
+def _tenancy_of(config: Any) -> tuple[str | None, str] | None:
     """What only a restart changes of spec.tenants: on/off, the JWT claim, the failure mode
     (the keys file, the tenant list, weights and limits reload)."""
     if config.tenants is None:

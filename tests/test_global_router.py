@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from contract import headers as hdr
 from tests.procs import gateway, gateway_config, global_config, global_router, sim_fleet
@@ -179,6 +180,40 @@ def test_the_router_measures_each_region(world):
         assert region["fresh"] and region["address"].startswith(address)
         assert 0 < region["rttS"] < 0.5
         assert region["pools"][0]["model"] == LLAMA
+
+
+def test_a_region_is_drained_and_back_by_editing_the_config(client, world):
+    """The config file edited under the running router: eu-west-1 drained → placing moves
+    to the next cheapest within a poll of the file; a change only a restart applies (an
+    endpoint) is refused and the running config stays; undrained → back."""
+    router = world[0]
+    path = router.state_dir / "global.yaml"
+    original = path.read_text()
+    doc = yaml.safe_load(original)
+
+    def write(mutate) -> None:
+        changed = yaml.safe_load(original)
+        mutate(changed)
+        path.write_text(yaml.safe_dump(changed))
+
+    def region_of_next() -> str:
+        return _chat(client).headers.get(hdr.REGION, "")
+
+    try:
+        write(lambda d: d["spec"]["regions"][2].update(drain=True))
+        wait_for(lambda: region_of_next() == "us-west-2", 10, "eu-west-1 drained", poll=0.2)
+        write(lambda d: (d["spec"]["regions"][2].update(drain=True),
+                         d["spec"]["regions"][1].update(endpoint="127.0.0.3:1")))
+        wait_for(lambda: _status(router)["config"]["lastReload"].startswith("refused"), 10,
+                 "the endpoint change refused")
+        assert "spec.regions" in _status(router)["config"]["lastReload"]
+        assert region_of_next() == "us-west-2"  # still drained, the endpoint unchanged
+    finally:
+        path.write_text(yaml.safe_dump(doc))
+    wait_for(lambda: region_of_next() == "eu-west-1", 10, "eu-west-1 back", poll=0.2)
+    metrics = httpx.get(router.status_url.replace("/regions", "/metrics"), timeout=5).text
+    assert 'igw_global_config_reloads_total{result="applied"} 2' in metrics, metrics
+    assert 'igw_global_config_reloads_total{result="refused"} 1' in metrics
 
 
 async def _load(router, body: dict, count: int, concurrency: int, seconds: float,
