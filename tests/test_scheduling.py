@@ -45,9 +45,11 @@ def req(prompt: int = 100, blocks: list[int] | None = None, **kw) -> SchedulingR
                              prefix_hashes=hashes, **kw)
 
 
-def scores(pool: Pool, name: str, request: SchedulingRequest | None = None, **params) -> list:
-    """One scorer's scores over all ready pods, as a list aligned with rows."""
-    sched = Scheduler(pool, rng=np.random.default_rng(0))
+def scores(pool: Pool, name: str, request: SchedulingRequest | None = None,
+           sched: Scheduler | None = None, **params) -> list:
+    """One scorer's scores over all ready pods, as a list aligned with rows (on `sched`'s
+    state: what it dispatched; a fresh scheduler by default)."""
+    sched = sched or Scheduler(pool, rng=np.random.default_rng(0))
     ctx = ScoringContext(pool, sched.state, request or req(),
                          np.flatnonzero(pool.table.valid), NOW)
     out = SCORERS[name](**params).score(ctx)
@@ -113,6 +115,45 @@ def test_lora_affinity_levels():
 def test_lora_affinity_unknown_adapter_counts_as_free_slot():
     pool = _lora_pool()
     assert scores(pool, "loraAffinity", req(adapter="not-tracked")) == [0.8] * 5
+
+
+def test_without_adapter_metrics_the_gateways_own_requests_say_what_holds_a_slot():
+    """SGLang and TensorRT-LLM publish no adapter metrics (max_lora 0): an adapter with
+    requests in flight holds a slot there, and only a pod with no other adapter in flight
+    surely has one free; a completion gives it back."""
+    pool = make_pool(3, max_lora=[0, 0, 0])
+    sched = Scheduler(pool, max_fallbacks=2)
+    sched.on_dispatch(0, req(adapter="ad-a"), NOW)
+    busy = req(adapter="ad-b")
+    sched.on_dispatch(1, busy, NOW)
+    assert scores(pool, "loraAffinity", req(adapter="ad-a"), sched) == [1.0, 0.0, 0.8]
+    assert set(sched.pick(req(adapter="ad-c"), NOW).rows) == {2}
+    sched.on_complete(1, busy, NOW + 1, 1.0, ok=True)
+    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.8, 0.8]
+
+
+def test_without_adapter_metrics_a_pod_proves_its_adapter_slots_by_running_them():
+    """Two adapters in flight on a pod whose scrape shows nothing waiting: it runs two at
+    once, so while only one other is in flight it has a slot free for a third adapter;
+    with two, not. A scrape with a queue proves nothing."""
+    pool = make_pool(2, max_lora=[0, 0])
+    sched = Scheduler(pool, max_fallbacks=1)
+    first, second = req(adapter="ad-a"), req(adapter="ad-b")
+    sched.on_dispatch(0, first, NOW)
+    sched.on_dispatch(0, second, NOW)
+    t = pool.table
+    t.running[0], t.waiting[0] = 2, 1
+    pool.mark_scrape(0, True, NOW + 0.05)
+    sched.on_complete(0, first, NOW + 0.1, 0.1, ok=True)
+    assert sched.state.adapter_slots[0] == 0  # a queue: the two may not have run at once
+    sched.on_dispatch(0, first, NOW + 0.2)
+    t.waiting[0] = 0
+    pool.mark_scrape(0, True, NOW + 0.25)
+    sched.on_complete(0, first, NOW + 0.3, 0.1, ok=True)
+    assert sched.state.adapter_slots[0] == 2
+    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.8, 0.8]
+    sched.on_dispatch(0, first, NOW + 0.4)
+    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.8]
 
 
 def test_prefix_fraction_of_leading_blocks():

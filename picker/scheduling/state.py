@@ -81,6 +81,12 @@ class PoolState:
         # used adapters resident, but vLLM's metrics only show adapters of *running*
         # requests, so an idle resident adapter is visible only from here.
         self.adapter_sent = np.zeros((0, MAX_ADAPTERS))
+        # Requests of each adapter in flight on each pod (every replica's): what holds an
+        # adapter slot where the engine does not say (SGLang, TensorRT-LLM publish no
+        # adapter metrics), filters.lora_state.
+        self.adapter_inflight = np.zeros((0, MAX_ADAPTERS))
+        # There, the most adapters each pod was seen running at once (`_learn_adapter_slots`).
+        self.adapter_slots = np.zeros(0)
         # Each row's learned batch slots (concurrent requests the engine runs), 0 while
         # unknown: see `slot_limits`. And this replica's requests per tenant (fair shares).
         self.slots = np.zeros(0)
@@ -108,9 +114,11 @@ class PoolState:
                 old = getattr(self, name)
                 grown[: len(old)] = old
                 setattr(self, name, grown)
-            grown_sent = np.zeros((cap, MAX_ADAPTERS))
-            grown_sent[: len(self.adapter_sent)] = self.adapter_sent
-            self.adapter_sent = grown_sent
+            for name in ("adapter_sent", "adapter_inflight"):
+                grown = np.zeros((cap, MAX_ADAPTERS))
+                old = getattr(self, name)
+                grown[: len(old)] = old
+                setattr(self, name, grown)
             self._owners.extend([None] * (cap - len(self._owners)))
         for row, address in enumerate(pool.row_address):
             if self._owners[row] != address:
@@ -123,6 +131,7 @@ class PoolState:
         for name in _ROW_ARRAYS:
             getattr(self, name)[row] = 0.0
         self.adapter_sent[row] = 0.0
+        self.adapter_inflight[row] = 0.0
 
     def set_blocks_per_pod(self, blocks: int) -> None:
         """Resize the prefix LRUs on reload; shrinking evicts on the next insert."""
@@ -181,6 +190,7 @@ class PoolState:
             slot = self.pool.adapter_index.get(req.adapter)
             if slot is not None:
                 self.adapter_sent[row, slot] = now
+                self.adapter_inflight[row, slot] += 1.0
 
     def on_complete(
         self,
@@ -211,6 +221,10 @@ class PoolState:
         self.slot_limits(slice(row, row + 1))  # a scrape's queue is read while it lasts
         t = self.pool.table
         t.inflight[row] = max(0.0, t.inflight[row] - 1.0)
+        if req.adapter is not None:
+            slot = self.pool.adapter_index.get(req.adapter)
+            if slot is not None:
+                self.adapter_inflight[row, slot] = max(0.0, self.adapter_inflight[row, slot] - 1.0)
         self.shares.completed(req.tenant)
         if now is not None and t.scraped_at[row] < now - duration_s:
             t.dispatched[row] = max(0.0, t.dispatched[row] - 1.0)
@@ -271,6 +285,7 @@ class PoolState:
             t.kv_usage[index] < self.pool.config.saturation.kv_cache_threshold)
         if self.pool.config.lora_adapters:
             limited &= ~self._adapter_bound(index)
+            self._learn_adapter_slots(index, fresh)
         steady = fresh & limited & (self.slot_running[index] == running)
         learned = np.where(steady | (known > 0), np.maximum(known, running), known)
         self.slots[index] = learned
@@ -278,6 +293,18 @@ class PoolState:
             fresh, np.where(limited, running, -1.0), self.slot_running[index])
         self.slot_stamp[index] = t.scraped_at[index]
         return learned
+
+    def _learn_adapter_slots(self, index: slice | np.ndarray, fresh: np.ndarray) -> None:
+        """A lower bound on each pod's adapter slots where the engine publishes none
+        (filters.lora_state): a scrape with nothing waiting means every adapter with
+        requests in flight there was running at once. Counted up to the pod's `running`
+        (a request the gateway still counts may have ended), never lowered."""
+        t = self.pool.table
+        distinct = np.count_nonzero(self.adapter_inflight[index], axis=1)
+        seen = np.minimum(distinct, t.running[index])
+        idle_queue = fresh & (t.waiting[index] < 1.0)
+        self.adapter_slots[index] = np.where(
+            idle_queue, np.maximum(self.adapter_slots[index], seen), self.adapter_slots[index])
 
     def _adapter_bound(self, index: slice | np.ndarray) -> np.ndarray:
         """Rows whose queue may wait for an adapter slot: an adapter is waiting there that
@@ -418,7 +445,7 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
 _ROW_ARRAYS = (
     "since_tokens", "since_stamp", "spt", "slots", "slot_stamp", "slot_running",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
-    "prefill_floor",
+    "prefill_floor", "adapter_slots",
 )
 
 
