@@ -10,8 +10,10 @@ leaves no region names the constraint in the 503 (`NoEligibleRegion`):
     allow-list   the client's `x-gateway-regions` names it (it can only narrow)
 
 Then the order, which Envoy follows on retries (the n-th attempt goes to the
-n-th region, igw_envoy.global_front): regions below the spill-over saturation
-first, saturated ones after them (spill-over), each group by the policy:
+n-th region, igw_envoy.global_front): regions not suspect first (a region whose
+last poll failed or was slow, or whose poll is overdue, RegionTable.suspect),
+then regions below the spill-over saturation before saturated ones (spill-over),
+each group by the policy:
 
     cheapest-within-slo  regions predicted to meet the TTFT SLO (the summary's
                          predicted TTFT + the measured RTT), cheapest first
@@ -87,7 +89,8 @@ def place(
                        f"({echo(allow_header or '', 100)!r}) can serve model `{echo(model)}` now")
     rows = np.flatnonzero(keep)
     ttft = view.ttft_s[rows] + table.rtt_s[rows]
-    order = _order(rows, ttft, view, policy, table.config.spill_saturation)[:count]
+    suspect = table.suspect(now)[rows]
+    order = _order(rows, ttft, view, policy, table.config.spill_saturation, suspect)[:count]
     chosen = rows[order]
     first = float(ttft[order[0]])
     return Placement(
@@ -105,12 +108,12 @@ def _require(mask: np.ndarray, message: str) -> None:
 
 
 def _order(rows: np.ndarray, ttft: np.ndarray, view: ModelView, policy: ModelPolicy,
-           spill: float) -> np.ndarray:
+           spill: float, suspect: np.ndarray) -> np.ndarray:
     """Positions into `rows`, best first (see the module docstring)."""
     spilled = (view.saturation[rows] >= spill) | view.saturated[rows]
     if policy.policy == "fastest":
-        return np.lexsort((ttft, spilled))
+        return np.lexsort((ttft, spilled, suspect))
     misses = ttft > policy.ttft_slo_s
     # within the SLO: by cost; beyond it: cost does not matter, speed does
     cost = np.where(misses, 0.0, view.cost[rows])
-    return np.lexsort((ttft, cost, misses, spilled))
+    return np.lexsort((ttft, cost, misses, spilled, suspect))
