@@ -9,7 +9,6 @@ reaching the regions over TLS with each region's own CA. Nothing is mocked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import ssl
@@ -23,114 +22,53 @@ import httpx
 import pytest
 
 from contract import headers as hdr
-from tests.procs import gateway, gateway_config, global_config, global_router, sim_fleet
-from tests.test_reliability_support import Figures, envoy_stat, wait_for
-
-LLAMA = "llama-3.1-8b"
-# name, loopback address, GPU of its pods, price per million tokens, residency
-REGIONS = (
-    ("us-east-1", "127.0.0.2", "h100", 0.30, "us"),
-    ("us-west-2", "127.0.0.3", "a100", 0.18, "us"),
-    ("eu-west-1", "127.0.0.4", "a10g", 0.10, "eu"),
+from tests.procs import gateway
+from tests.test_global_support import (
+    BODY,
+    LLAMA,
+    REGIONS,
+    RETRIES,
+    chat,
+    fresh,
+    global_world,
+    status,
+    wait_fresh,
 )
-RETRIES = "cluster.regions.upstream_rq_retry"
-BODY = {"model": LLAMA, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-
-
-def _pods() -> list[dict]:
-    return [
-        {"name": f"{name}-{i}", "gpu": gpu, "model": LLAMA, "engine": "vllm"}
-        for name, _, gpu, _, _ in REGIONS
-        for i in range(2)
-    ]
-
-
-def _tier1_config(fleet, name: str, address: str) -> dict:
-    endpoints = [fleet.address(f"{name}-{i}") for i in range(2)]
-    config = gateway_config([{"name": "llama", "modelName": LLAMA, "endpoints": endpoints}])
-    config["metadata"]["name"] = name
-    config["spec"]["listener"]["address"] = address
-    return config
+from tests.test_global_support import client as router_client
+from tests.test_reliability_support import Figures, envoy_stat, wait_for
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Three regions and the global router; yields (router, {region: Tier-1 gateway},
-    {region: Tier-1 config})."""
+    {region: Tier-1 config}, tmp)."""
     tmp = tmp_path_factory.mktemp("global")
-    with sim_fleet(tmp, _pods(), time_scale=10.0) as fleet, contextlib.ExitStack() as stack:
-        tier1, configs = {}, {}
-        for name, address, _, _, _ in REGIONS:
-            configs[name] = _tier1_config(fleet, name, address)
-            tier1[name] = stack.enter_context(gateway(tmp, configs[name]))
-        regions = [
-            {
-                "name": name,
-                "endpoint": f"{address}:{configs[name]['spec']['listener']['port']}",
-                "caFile": str(tier1[name].ca),
-                "tags": {"residency": residency},
-                "costs": {LLAMA: {"perMillionTokens": price}},
-            }
-            for name, address, _, price, residency in REGIONS
-        ]
-        doc = global_config(
-            regions,
-            models=[{"name": LLAMA, "policy": "cheapest-within-slo", "ttftSlo": "10s"}],
-            polling={"interval": "100ms", "staleAfter": "1s"},
-        )
-        with global_router(tmp, doc) as router:
-            _wait_fresh(router, {n for n, *_ in REGIONS})
-            yield router, tier1, configs, tmp
-
-
-def _status(router) -> dict:
-    return httpx.get(router.status_url, timeout=5).json()
-
-
-def _fresh(router) -> set[str]:
-    return {r["name"] for r in _status(router)["regions"] if r["fresh"] and all(
-        p["readyPods"] == p["pods"] for p in r["pools"])}
-
-
-def _wait_fresh(router, names: set[str], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not names <= _fresh(router):
-        assert time.monotonic() < deadline, f"regions not fresh: {_status(router)}"
-        time.sleep(0.1)
-
-
-def _client(router) -> httpx.Client:
-    ctx = ssl.create_default_context(cafile=str(router.ca))
-    return httpx.Client(base_url=router.url, verify=ctx, timeout=30)
+    with global_world(tmp) as w:
+        yield w.router, w.tier1, w.configs, tmp
 
 
 @pytest.fixture(scope="module")
 def client(world):
-    with _client(world[0]) as http:
+    with router_client(world[0]) as http:
         yield http
 
 
-def _chat(client, regions: str | None = None) -> httpx.Response:
-    headers = {hdr.REGIONS: regions} if regions is not None else {}
-    return client.post("/v1/chat/completions", json=BODY, headers=headers)
-
-
 def test_every_answer_names_its_region_and_the_cheapest_within_slo_wins(client):
-    reply = _chat(client)
+    reply = chat(client)
     assert reply.status_code == 200, reply.text
     assert reply.headers[hdr.REGION] == "eu-west-1"  # the cheapest; a 10 s SLO fits all
     assert reply.json()["choices"][0]["message"]["content"]
 
 
 def test_the_allow_list_narrows_the_choice(client):
-    assert _chat(client, "us-east-1").headers[hdr.REGION] == "us-east-1"
+    assert chat(client, "us-east-1").headers[hdr.REGION] == "us-east-1"
     # of the two allowed, the cheaper one; spaces and case of the list are the client's
-    assert _chat(client, "us-east-1, us-west-2").headers[hdr.REGION] == "us-west-2"
+    assert chat(client, "us-east-1, us-west-2").headers[hdr.REGION] == "us-west-2"
 
 
 @pytest.mark.parametrize("allowed", ["mars", "", "mars,venus"])
 def test_an_empty_allow_list_is_a_503_naming_the_constraint(client, allowed):
-    reply = _chat(client, allowed)
+    reply = chat(client, allowed)
     assert reply.status_code == 503
     assert reply.headers["retry-after"] == "1"
     error = reply.json()["error"]
@@ -151,7 +89,7 @@ def test_models_unknown_model_and_bad_body(client):
 
 def test_the_router_measures_each_region(world):
     router = world[0]
-    regions = {r["name"]: r for r in _status(router)["regions"]}
+    regions = {r["name"]: r for r in status(router)["regions"]}
     for name, address, *_ in REGIONS:
         region = regions[name]
         assert region["fresh"] and region["address"].startswith(address)
@@ -201,7 +139,7 @@ def test_killing_the_serving_region_loses_no_request_and_is_detected(world):
 
     def watch_detection() -> None:
         figures["detection_s"] = wait_for(
-            lambda: "eu-west-1" not in _fresh(router), 5, "the router to drop eu-west-1")
+            lambda: "eu-west-1" not in fresh(router), 5, "the router to drop eu-west-1")
 
     watcher = threading.Thread(target=watch_detection)
 
@@ -227,9 +165,9 @@ def test_killing_the_serving_region_loses_no_request_and_is_detected(world):
     # the region comes back on the same address: placing returns to it
     with gateway(tmp, configs["eu-west-1"]) as revived:
         tier1["eu-west-1"] = revived
-        _wait_fresh(router, {"eu-west-1"})
-        with _client(router) as http:
-            assert _chat(http).headers[hdr.REGION] == "eu-west-1"
+        wait_fresh(router, {"eu-west-1"})
+        with router_client(router) as http:
+            assert chat(http).headers[hdr.REGION] == "eu-west-1"
 
 
 def test_delay_proxy_adds_the_round_trip_time(tmp_path: Path) -> None:
