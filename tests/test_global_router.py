@@ -172,11 +172,12 @@ def test_killing_the_serving_region_loses_no_request_and_is_detected(world):
 
 def test_delay_proxy_adds_the_round_trip_time(tmp_path: Path) -> None:
     """igw.delay_proxy (the demo's distance between regions): an echo round trip through
-    it takes at least the configured RTT, and bytes arrive intact and in order."""
+    it takes at least the configured RTT, and bytes arrive intact and in order; a new RTT
+    (`set_rtt`, a region turning slow) applies to the connection already open."""
     from igw.delay_proxy import DelayProxy
     from igw.ports import free_ports
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         async def echo(reader, writer):
             while data := await reader.read(65536):
                 writer.write(data)
@@ -190,16 +191,23 @@ def test_delay_proxy_adds_the_round_trip_time(tmp_path: Path) -> None:
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
             payload = bytes(range(256)) * 64
-            started = time.monotonic()
-            writer.write(payload)
-            got = await reader.readexactly(len(payload))
-            elapsed = time.monotonic() - started
-            assert got == payload
+
+            async def round_trip() -> float:
+                started = time.monotonic()
+                writer.write(payload)
+                got = await reader.readexactly(len(payload))
+                assert got == payload
+                return time.monotonic() - started
+
+            first = await round_trip()
+            proxy.set_rtt(0.3)
+            second = await round_trip()
             writer.close()
-            return elapsed
+            return first, second
         finally:
             await proxy.stop()
             server.close()
             await server.wait_closed()
 
-    assert 0.08 <= asyncio.run(main()) < 1.0
+    first, second = asyncio.run(main())
+    assert 0.08 <= first < 1.0 and 0.3 <= second < 1.5
