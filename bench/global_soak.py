@@ -25,6 +25,7 @@ import dataclasses
 import datetime as dt
 import random
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -252,13 +253,24 @@ def _verdict(outcomes: list[Outcome], samples: list[dict[str, Any]], skipped: in
     }
 
 
+def _commit() -> str:
+    """The checkout's commit, for the report (unknown outside a git checkout)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, cwd=Path(__file__).parent, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip()
+
+
 def render(doc: dict[str, Any], command: str) -> str:
     first, last = doc["samples"][0], doc["samples"][-1]
     lines = [
         "# Global tier soak",
         "",
-        f"`{command}` ({doc['date']}; a shared, loaded 2-core machine: other work ran beside",
-        "it, so absolute figures are noisy; the criterion is growth, not level).",
+        f"`{command}` ({doc['date']}, commit {doc['commit']}; a shared, loaded 2-core "
+        "machine: other work ran beside it, so absolute figures are noisy; the criterion is "
+        "growth, not level).",
         "",
         f"Topology: `igw global up`'s (three Tier-1 regions behind delay proxies, the global "
         f"router and its Envoy), global body limit 1 MiB. {doc['requests']} requests in "
@@ -296,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="igw-global-soak-") as tmp:
         doc = asyncio.run(soak(args.minutes, args.rate, Path(tmp)))
     doc["date"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    doc["commit"] = _commit()
     command = f"python -m bench.global_soak --minutes {args.minutes:g} --rate {args.rate:g}"
     write_results(args.out, "global-soak", doc, render(doc, command))
     return 0 if doc["passed"] else 1

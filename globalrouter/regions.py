@@ -25,10 +25,11 @@ from contract.global_config import GlobalRouterConfig, ModelPolicy, region_addre
 RTT_SAMPLES = 5
 # A poll outstanding longer than SUSPECT_RTTS times the region's RTT (but at least
 # SUSPECT_FLOOR_S, at most the poll timeout) makes the region suspect: placed after every
-# region that is not, without waiting for the timeout. The floor keeps a loaded machine's
-# hiccup (a poll of a 10 ms region taking 200 ms) from moving anything.
+# region that is not, without waiting for the timeout. The floor keeps the usual hiccups
+# of a loaded machine (a poll of a 10 ms region taking 100-200 ms) from moving anything;
+# one larger hiccup costs the region its place for one poll, never its freshness.
 SUSPECT_RTTS = 4.0
-SUSPECT_FLOOR_S = 0.5
+SUSPECT_FLOOR_S = 0.3
 
 
 @dataclass

@@ -55,7 +55,9 @@ SLO = "600ms"
 @pytest.fixture(scope="module")
 def pworld(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("global-partitions")
-    with global_world(tmp, slo=SLO, rtts=RTTS) as world:
+    # the default polling (250 ms, timeout 1 s, stale after 2 s): without suspicion a
+    # blackholed region stays placeable ~2 s, until its summary is stale
+    with global_world(tmp, slo=SLO, rtts=RTTS, polling={"interval": "250ms"}) as world:
         _warm(world)
         yield world
 
