@@ -305,10 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.minutes <= 120 or not 0 < args.rate <= 50:
         parser.error("--minutes in (0, 120], --rate in (0, 50]")
+    commit = _commit()  # what the processes run: taken before they start
     with tempfile.TemporaryDirectory(prefix="igw-global-soak-") as tmp:
         doc = asyncio.run(soak(args.minutes, args.rate, Path(tmp)))
     doc["date"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    doc["commit"] = _commit()
+    doc["commit"] = commit
     command = f"python -m bench.global_soak --minutes {args.minutes:g} --rate {args.rate:g}"
     write_results(args.out, "global-soak", doc, render(doc, command))
     return 0 if doc["passed"] else 1
