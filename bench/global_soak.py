@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import random
+import signal
 import ssl
 import subprocess
 import sys
@@ -55,6 +56,7 @@ REQUEST_TIMEOUT_S = 30.0
 MAX_OPEN = 64  # client-side bound on requests in flight
 RSS_BOUND_MIB = {"router": 8.0, "envoy": 16.0}  # growth over the second half
 FD_BOUND = 16
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # kind → share of the arrivals; the expected status of each bad kind
 MIX = {"chat": 0.45, "stream": 0.25, "allow": 0.10, "drop": 0.05,
        "malformed": 0.05, "unknown": 0.05, "oversized": 0.05}
@@ -151,8 +153,8 @@ async def soak(minutes: float, rate: float, state_dir: Path) -> dict[str, Any]:
     for spec in tier2:
         spec.stdout_to_stderr = True  # the Envoy access log: not our report
     supervisor = Supervisor([*region_children, *tier2])
-    await supervisor.start()
-    try:
+
+    async def ready_then_load() -> dict[str, Any]:
         await asyncio.gather(*(wait_ready(load_config(p)) for p in region_configs))
         await wait_ready(config)
         await regions_ready(config.metrics_port, len(DEMO_REGIONS))
@@ -160,7 +162,18 @@ async def soak(minutes: float, rate: float, state_dir: Path) -> dict[str, Any]:
                 (("router", "globalrouter"), ("envoy", "envoy"))}
         return await _load(config.listen_port, config.metrics_port, state_dir, pids,
                            minutes, rate)
+
+    # Ctrl-C or SIGTERM ends the run, not the process: every child is still stopped
+    loop = asyncio.get_running_loop()
+    await supervisor.start()
+    run = asyncio.create_task(ready_then_load())
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, run.cancel)
+    try:
+        return await run
     finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
         await supervisor.stop()
 
 
@@ -307,7 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--minutes in (0, 120], --rate in (0, 50]")
     commit = _commit()  # what the processes run: taken before they start
     with tempfile.TemporaryDirectory(prefix="igw-global-soak-") as tmp:
-        doc = asyncio.run(soak(args.minutes, args.rate, Path(tmp)))
+        try:
+            doc = asyncio.run(soak(args.minutes, args.rate, Path(tmp)))
+        except asyncio.CancelledError:
+            print("interrupted: no result written", file=sys.stderr)
+            return 130
     doc["date"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     doc["commit"] = commit
     command = f"python -m bench.global_soak --minutes {args.minutes:g} --rate {args.rate:g}"
