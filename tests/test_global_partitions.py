@@ -96,6 +96,17 @@ def _loads(world: World, seconds: float) -> tuple[Load, Load]:
     return plain, streams
 
 
+def _watch_fault(world: World, figures: Figures, since: float, lasting_s: float = 6.0) -> None:
+    """While the fault lasts: how long until the router stopped putting EU first
+    (`detection_s`), and how many requests it still placed there from 1 s on."""
+    figures["detection_s"] = wait_for(lambda: EU not in placeable_first(world.router), 5,
+                                      f"the router to stop placing on {EU}")
+    time.sleep(max(0.0, since + 1.0 - time.monotonic()))
+    placed_at_1s = _placed(world)
+    time.sleep(max(0.0, since + lasting_s - time.monotonic()))
+    figures["placed_on_it_after_1s"] = _placed(world) - placed_at_1s
+
+
 def _not_started_failures(result: LoadResult) -> list:
     """Failed requests whose response headers never reached the client: the ones Envoy
     must have retried. (A 200 cut mid-stream had started: not retriable.)"""
@@ -115,12 +126,7 @@ def test_a_blackholed_region_loses_no_request_that_had_not_started(pworld):
     with partition(address, port) as part:
         part.start()
         cut = time.monotonic()
-        figures["detection_s"] = wait_for(lambda: EU not in placeable_first(world.router), 5,
-                                          f"the router to stop placing on {EU}")
-        time.sleep(max(0.0, cut + 1.0 - time.monotonic()))
-        placed_at_1s = _placed(world)
-        time.sleep(max(0.0, cut + 6.0 - time.monotonic()))
-        figures["placed_on_it_after_1s"] = _placed(world) - placed_at_1s
+        _watch_fault(world, figures, cut)
         part.heal()
         healed = time.monotonic()
     figures["back_s"] = wait_for(lambda: EU in placeable_first(world.router), 15,
@@ -163,12 +169,7 @@ def test_a_region_turned_slow_is_left_within_a_second_and_taken_back(pworld):
     world.proxies.set_rtt(EU, SLOW_RTT_S)
     slowed = time.monotonic()
     try:
-        figures["detection_s"] = wait_for(lambda: EU not in placeable_first(world.router), 5,
-                                          f"the router to leave {EU}")
-        time.sleep(max(0.0, slowed + 1.0 - time.monotonic()))
-        placed_at_1s = _placed(world)
-        time.sleep(max(0.0, slowed + 6.0 - time.monotonic()))
-        figures["placed_on_it_after_1s"] = _placed(world) - placed_at_1s
+        _watch_fault(world, figures, slowed)
         figures["rtt_seen_s"] = next(r["rttS"] for r in status(world.router)["regions"]
                                      if r["name"] == EU)
     finally:
