@@ -270,3 +270,41 @@ def test_when_every_region_is_suspect_the_policy_order_stands():
         table.poll_started_at(row, NOW)
     assert table.suspect(NOW + 0.9).all()
     assert _place(table, now=NOW + 0.9).names == ("far", "mid", "near")
+
+
+def test_the_poller_marks_a_region_that_stops_answering_suspect_before_its_timeout():
+    """A real poller against a listener that accepts and then says nothing (a hung
+    region: the TLS handshake never completes): the region is suspect once its poll is
+    0.3 s old (not before), well before the 1 s timeout fails it."""
+    import asyncio
+    import time
+
+    from globalrouter.poller import SummaryPoller
+    from igw.ports import free_port
+
+    async def main() -> tuple[bool, bool, int]:
+        async def silent(reader, _writer):
+            await reader.read()  # until the poller gives up
+
+        port = free_port()
+        server = await asyncio.start_server(silent, "127.0.0.1", port)
+        config = parse_global_config({
+            "apiVersion": "inference-gateway.io/v1alpha1", "kind": "GlobalRouterConfig",
+            "spec": {"regions": [{"name": "hung", "endpoint": f"127.0.0.1:{port}"}]}})
+        table = RegionTable(config)
+        poller = SummaryPoller(config, table)
+        poller.start()
+        try:
+            await asyncio.sleep(0.15)
+            early = bool(table.suspect(time.monotonic())[0])
+            await asyncio.sleep(0.35)
+            later = bool(table.suspect(time.monotonic())[0])
+            failures = table.status[0].failures  # the 1 s timeout has not fired yet
+        finally:
+            await poller.stop()
+            server.close()
+            await server.wait_closed()
+        return early, later, failures
+
+    early, later, failures = asyncio.run(main())
+    assert not early and later and failures == 0
