@@ -308,3 +308,14 @@ def test_the_poller_marks_a_region_that_stops_answering_suspect_before_its_timeo
 
     early, later, failures = asyncio.run(main())
     assert not early and later and failures == 0
+
+
+def test_igw_global_status_marks_a_suspect_region():
+    from igw.cli import region_line
+
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30})
+    table.record_failure(table.index["far"], "TimeoutError", definite=False)
+    lines = [region_line(r) for r in table.describe(NOW)]
+    assert lines[2].startswith("far") and " fresh suspect rtt=10.0ms" in lines[2]
+    assert "suspect" not in lines[0] and " fresh rtt=10.0ms  llama ready=2/2" in lines[0]
