@@ -143,6 +143,12 @@ class GlobalRouterApp:
         ]
         lines += [f'{METRICS_PREFIX}_region_fresh{{region="{n}"}} {int(fresh[i])}'
                   for i, n in enumerate(self.table.names)]
+        suspect = self.table.suspect(now)
+        lines += [f"# HELP {METRICS_PREFIX}_region_suspect 1 when the region's last poll failed "
+                  "or was slow, or its poll is overdue: placed after the others.",
+                  f"# TYPE {METRICS_PREFIX}_region_suspect gauge"]
+        lines += [f'{METRICS_PREFIX}_region_suspect{{region="{n}"}} {int(suspect[i])}'
+                  for i, n in enumerate(self.table.names)]
         lines += [f"# HELP {METRICS_PREFIX}_region_rtt_seconds Median RTT of recent polls.",
                   f"# TYPE {METRICS_PREFIX}_region_rtt_seconds gauge"]
         lines += [f'{METRICS_PREFIX}_region_rtt_seconds{{region="{n}"}} {self.table.rtt_s[i]:.6f}'

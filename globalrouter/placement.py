@@ -10,8 +10,10 @@ leaves no region names the constraint in the 503 (`NoEligibleRegion`):
     allow-list   the client's `x-gateway-regions` names it (it can only narrow)
 
 Then the order, which Envoy follows on retries (the n-th attempt goes to the
-n-th region, igw_envoy.global_front): regions below the spill-over saturation
-first, saturated ones after them (spill-over), each group by the policy:
+n-th region, igw_envoy.global_front): regions not suspect first (a region whose
+last poll failed or was slow, or whose poll is overdue, RegionTable.suspect),
+then regions below the spill-over saturation before saturated ones (spill-over),
+each group by the policy:
 
     cheapest-within-slo  regions predicted to meet the TTFT SLO (the summary's
                          predicted TTFT + the measured RTT), cheapest first
@@ -106,10 +108,12 @@ def place(
         ttft = ttft * (1.0 - np.where(view.waiting[rows], 0.0, cached[rows]))
     ttft = ttft + table.rtt_s[rows]
     spilled = (view.saturation[rows] >= table.config.spill_saturation) | view.saturated[rows]
-    order = _order(ttft, spilled, view.cost[rows], policy)
+    suspect = table.suspect(now)[rows]
+    order = _order(ttft, spilled, suspect, view.cost[rows], policy)
     affinity = ""
     if session_row >= 0:
-        order, affinity = _keep_session(order, rows, session_row, ttft, spilled, policy)
+        order, affinity = _keep_session(order, rows, session_row, ttft, spilled | suspect,
+                                        policy)
     order = order[:count]
     if not affinity and cached is not None and cached[rows[order[0]]] > 0:
         affinity = "prefix"
@@ -130,22 +134,23 @@ def _require(mask: np.ndarray, message: str) -> None:
         raise NoEligibleRegion(message)
 
 
-def _order(ttft: np.ndarray, spilled: np.ndarray, cost: np.ndarray,
+def _order(ttft: np.ndarray, spilled: np.ndarray, suspect: np.ndarray, cost: np.ndarray,
            policy: ModelPolicy) -> np.ndarray:
     """Positions into the eligible rows, best first (see the module docstring)."""
     if policy.policy == "fastest":
-        return np.lexsort((ttft, spilled))
+        return np.lexsort((ttft, spilled, suspect))
     misses = ttft > policy.ttft_slo_s
     # within the SLO: by cost; beyond it: cost does not matter, speed does
     cost = np.where(misses, 0.0, cost)
-    return np.lexsort((ttft, cost, misses, spilled))
+    return np.lexsort((ttft, cost, misses, spilled, suspect))
 
 
 def _keep_session(order: np.ndarray, rows: np.ndarray, session_row: int, ttft: np.ndarray,
-                  spilled: np.ndarray, policy: ModelPolicy) -> tuple[np.ndarray, str]:
-    """The session's region first if it qualifies; the order and what affinity did."""
+                  passed_over: np.ndarray, policy: ModelPolicy) -> tuple[np.ndarray, str]:
+    """The session's region first if it qualifies (not saturated nor suspect, predicted
+    within the SLO); the order and what affinity did."""
     at = np.flatnonzero(rows == session_row)
-    if at.size == 0 or spilled[at[0]] or ttft[at[0]] > policy.ttft_slo_s:
+    if at.size == 0 or passed_over[at[0]] or ttft[at[0]] > policy.ttft_slo_s:
         return order, "moved"
     pos = at[0]
     return np.concatenate((at, order[order != pos])), "session"

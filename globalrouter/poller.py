@@ -4,7 +4,8 @@ One task per region: `GET https://ENDPOINT/igw/v1/load-summary` (the Tier-1
 listener, verified with the region's CA and server name) every
 `spec.polling.interval`, bounded by `spec.polling.timeout`. A failed poll
 (refused, reset, not a summary) makes the region unknown at once, a timed-out
-one from the second in a row;
+one from the second in a row; a poll outstanding longer than a bound derived
+from the region's RTT makes it suspect (placed last) before its timeout;
 a summary whose generation stopped moving ages out after
 `spec.polling.staleAfter` (regions.RegionTable). The RTT is the poll's
 duration on a kept-alive connection, the same TLS path the traffic takes.
@@ -85,6 +86,7 @@ class SummaryPoller:
         was_fresh = False
         while True:
             started = time.monotonic()
+            self.table.poll_started_at(row, started)
             try:
                 summary = await self._fetch(session, url, region)
             except (aiohttp.ClientError, TimeoutError, OSError, SummaryError) as exc:

@@ -23,6 +23,13 @@ from contract.global_config import GlobalRouterConfig, ModelPolicy, region_addre
 # RTT is the median of the last few polls: one slow poll (a new TLS handshake, a
 # scheduling hiccup on a busy machine) should not move a region's place.
 RTT_SAMPLES = 5
+# A poll outstanding longer than SUSPECT_RTTS times the region's RTT (but at least
+# SUSPECT_FLOOR_S, at most the poll timeout) makes the region suspect: placed after every
+# region that is not, without waiting for the timeout. The floor keeps the usual hiccups
+# of a loaded machine (a poll of a 10 ms region taking 100-200 ms) from moving anything;
+# one larger hiccup costs the region its place for one poll, never its freshness.
+SUSPECT_RTTS = 4.0
+SUSPECT_FLOOR_S = 0.3
 
 
 @dataclass
@@ -64,6 +71,11 @@ class RegionTable:
         n = len(self.names)
         self.rtt_s = np.zeros(n)
         self.fresh_until = np.full(n, -math.inf)
+        # suspicion (see SUSPECT_RTTS): the outstanding poll's start (NaN: none), the bound
+        # on its age, and what the last poll said (failed, or answered but too slowly)
+        self.poll_started = np.full(n, math.nan)
+        self.suspect_after_s = np.full(n, self._suspect_bound(0.0))
+        self.doubted = np.zeros(n, dtype=bool)
         self.views: dict[str, ModelView] = {}
         self._residency: dict[tuple[str, ...], np.ndarray] = {}
 
@@ -82,14 +94,28 @@ class RegionTable:
 
     # -- written by the poller ------------------------------------------------------
 
+    def _suspect_bound(self, rtt_s: float) -> float:
+        timeout = self.config.polling.timeout_s
+        return min(max(SUSPECT_FLOOR_S, SUSPECT_RTTS * rtt_s), timeout)
+
+    def poll_started_at(self, row: int, now: float) -> None:
+        """A poll of the region went out: from now on its age is watched per request."""
+        self.poll_started[row] = now
+
     def record_ok(self, row: int, summary: dict[str, Any], rtt_s: float, now: float) -> None:
         """A summary arrived; it counts as fresh only if its generation moved (a picker
         whose rebuild loop is stuck keeps answering the same document)."""
         status = self.status[row]
         status.failures = 0
         status.error = ""
+        # judged against the bound of the RTT known before it: a region that turned slow
+        # stays suspect until its slowness is the median, then is placed by its RTT
+        slow = rtt_s > self.suspect_after_s[row]
         status.rtts.append(rtt_s)
         self.rtt_s[row] = float(np.median(status.rtts))
+        self.suspect_after_s[row] = self._suspect_bound(float(self.rtt_s[row]))
+        self.poll_started[row] = math.nan
+        self.doubted[row] = slow
         generation = int(summary.get("generation", -1))
         if generation != status.generation and summary.get("serving", False):
             status.last_ok = now
@@ -108,6 +134,8 @@ class RegionTable:
         status.failures += 1
         status.error = error
         status.definite = definite
+        self.poll_started[row] = math.nan
+        self.doubted[row] = True
         self._refresh_row(row)
         self.rebuild()
 
@@ -154,6 +182,13 @@ class RegionTable:
         """Bool per region: its last poll succeeded and its summary is not stale."""
         return self.fresh_until >= now
 
+    def suspect(self, now: float) -> np.ndarray:
+        """Bool per region: its last poll failed or was slow, or the poll out now is
+        overdue (older than its RTT-derived bound). Placement puts these last; a region
+        stays placeable while every region is suspect (the router itself stalled)."""
+        with np.errstate(invalid="ignore"):
+            return self.doubted | (now - self.poll_started > self.suspect_after_s)
+
     def residency_mask(self, policy: ModelPolicy) -> np.ndarray | None:
         """Bool per region allowed by the policy's residencies (None: no constraint);
         computed once per residency list."""
@@ -173,6 +208,7 @@ class RegionTable:
         """Every region's state, for `/regions` and `igw global status`."""
         now = time.monotonic() if now is None else now
         fresh = self.fresh(now)
+        suspect = self.suspect(now)
         out = []
         for row, region in enumerate(self.config.regions):
             status = self.status[row]
@@ -184,6 +220,7 @@ class RegionTable:
                 "tags": region.tags,
                 "drained": bool(self.drained[row]),
                 "fresh": bool(fresh[row]),
+                "suspect": bool(suspect[row]),
                 "summaryAgeS": round(age, 3) if age is not None else None,
                 "rttS": round(float(self.rtt_s[row]), 4),
                 "failures": status.failures,

@@ -86,14 +86,20 @@ def _cmd_global_status(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     for r in doc["regions"]:
-        state = "fresh" if r["fresh"] else f"UNKNOWN ({r['error'] or 'stale'})"
-        models = ", ".join(
-            f"{p['model']} ready={p['readyPods']}/{p['pods']} ttft={p['predictedTtftS']}"
-            for p in r["pools"]
-        )
-        drained = " drained" if r["drained"] else ""
-        print(f"{r['name']:<12} {state}{drained} rtt={r['rttS'] * 1000:.1f}ms  {models}")
+        print(region_line(r))
     return 0
+
+
+def region_line(r: dict) -> str:
+    """One region of `igw global status`: its state, RTT and pools."""
+    state = "fresh" if r["fresh"] else f"UNKNOWN ({r['error'] or 'stale'})"
+    models = ", ".join(
+        f"{p['model']} ready={p['readyPods']}/{p['pods']} ttft={p['predictedTtftS']}"
+        for p in r["pools"]
+    )
+    # suspect: its poll is overdue or its last one failed or was slow (placed last)
+    marks = "".join(f" {m}" for m in ("drained", "suspect") if r.get(m))
+    return f"{r['name']:<12} {state}{marks} rtt={r['rttS'] * 1000:.1f}ms  {models}"
 
 
 def _add_global_parser(sub: argparse._SubParsersAction, state_dir: Path) -> None:

@@ -3,8 +3,10 @@
 `igw global up` puts one in front of each region's Tier-1 listener so the
 global router measures, and places on, RTTs like those between real regions.
 Each direction delays every chunk by half the RTT and keeps the order; TLS
-passes through untouched. Bounded: a direction holds at most `MAX_CHUNKS`
-chunks in flight, then stops reading (TCP backpressure does the rest).
+passes through untouched. The RTT can be changed while it runs (`set_rtt`: a
+region turning slow); open connections follow from their next chunk. Bounded: a
+direction holds at most `MAX_CHUNKS` chunks in flight, then stops reading (TCP
+backpressure does the rest).
 
     python -m igw.delay_proxy --listen 127.0.0.2:9443 --upstream 127.0.0.2:8443 --rtt 0.07
 """
@@ -28,8 +30,9 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                delay_s: float) -> None:
-    """Copy reader → writer, each chunk `delay_s` after it was read, in order."""
+                proxy: DelayProxy) -> None:
+    """Copy reader → writer, each chunk the proxy's one-way delay after it was read, in
+    order."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(MAX_CHUNKS)
 
@@ -50,7 +53,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     try:
         while True:
             data = await reader.read(CHUNK)
-            await queue.put((loop.time() + delay_s, data))
+            await queue.put((loop.time() + proxy.one_way_s, data))
             if not data:
                 break
         await sender
@@ -70,6 +73,9 @@ class DelayProxy:
         self.one_way_s = rtt_s / 2.0
         self._server: asyncio.Server | None = None
 
+    def set_rtt(self, rtt_s: float) -> None:
+        self.one_way_s = rtt_s / 2.0
+
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, *self.listen)
 
@@ -88,7 +94,7 @@ class DelayProxy:
             return
         try:
             await asyncio.gather(
-                _pump(client_r, up_w, self.one_way_s), _pump(up_r, client_w, self.one_way_s)
+                _pump(client_r, up_w, self), _pump(up_r, client_w, self)
             )
         except (OSError, ConnectionError):
             pass

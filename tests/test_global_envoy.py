@@ -79,6 +79,12 @@ def test_one_regions_cluster_each_region_with_its_own_tls(bootstrap: dict) -> No
     assert check["http_health_check"]["path"] == hdr.LOAD_SUMMARY_PATH
     assert check["no_traffic_interval"] == check["interval"]
     assert regions["outlier_detection"]["consecutive_gateway_failure"] >= 1
+    # a partitioned region: PINGs close its connections within a few seconds; no per-try
+    # timer could tell it from a long TTFT
+    options = regions["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
+    keepalive = options["http2_protocol_options"]["connection_keepalive"]
+    assert keepalive == {"interval": "1s", "timeout": "1.5s"}
 
 
 def test_routes_retry_on_the_next_region_and_name_the_region(bootstrap: dict) -> None:
@@ -91,6 +97,7 @@ def test_routes_retry_on_the_next_region_and_name_the_region(bootstrap: dict) ->
         assert retry["retry_on"] == "connect-failure,reset,refused-stream,retriable-status-codes"
         assert retry["retriable_status_codes"] == [503, 429]
         assert retry["num_retries"] == 2
+        assert "per_try_timeout" not in retry and "per_try_idle_timeout" not in retry
         assert retry["retry_host_predicate"][0]["name"] == (
             "envoy.retry_host_predicates.previous_hosts")
         (added,) = route["response_headers_to_add"]

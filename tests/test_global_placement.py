@@ -202,3 +202,120 @@ def test_one_timeout_is_tolerated_a_second_is_not():
     table.record_ok(row, _summary(0.05, generation=2), 0.01, NOW)
     table.record_failure(row, "ClientConnectorError: refused")
     assert not table.fresh(NOW)[row]
+
+
+def test_an_overdue_poll_makes_the_region_suspect_and_placed_last():
+    """The cheapest region's poll goes out and does not come back: past its bound
+    (4 RTTs, at least 0.3 s) it is placed after the others, before any timeout; the
+    answer arriving in time clears it."""
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30}, {"far": 0.05})
+    far = table.index["far"]
+    table.poll_started_at(far, NOW)
+    assert _place(table, now=NOW + 0.25).names[0] == "far"  # within the floor
+    assert _place(table, now=NOW + 0.35).names == ("mid", "near", "far")
+    assert table.fresh(NOW + 0.35)[far]  # still fresh: a fallback of last resort
+    assert table.describe(NOW + 0.35)[far]["suspect"]
+    table.record_ok(far, _summary(0.30, generation=2), 0.05, NOW + 0.2)
+    assert _place(table, now=NOW + 0.4).names[0] == "far"
+
+
+def test_the_suspect_bound_follows_the_region_rtt_up_to_the_timeout():
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.05}, {"far": 0.2})
+    far = table.index["far"]
+    table.poll_started_at(far, NOW)
+    assert not table.suspect(NOW + 0.75)[far]  # 4 x 200 ms
+    assert table.suspect(NOW + 0.85)[far]
+    _feed(table, {"far": 0.05}, {"far": 0.6}, generation=2)
+    _feed(table, {"far": 0.05}, {"far": 0.6}, generation=3)
+    table.poll_started_at(far, NOW)
+    assert table.suspect_after_s[far] == table.config.polling.timeout_s  # capped at 1 s
+    assert table.suspect(NOW + 1.05)[far]
+
+
+def test_a_failed_or_slow_poll_keeps_the_region_suspect_until_a_good_one():
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30}, {"far": 0.05})
+    far = table.index["far"]
+    table.record_failure(far, "TimeoutError", definite=False)
+    assert table.fresh(NOW)[far] and table.suspect(NOW)[far]  # one timeout: still fresh
+    assert _place(table).names[-1] == "far"
+    table.record_ok(far, _summary(0.30, generation=2), 0.9, NOW)  # answered, but slowly
+    assert table.suspect(NOW)[far] and _place(table).names[-1] == "far"
+    table.record_ok(far, _summary(0.30, generation=3), 0.05, NOW)
+    assert not table.suspect(NOW)[far] and _place(table).names[0] == "far"
+
+
+def test_a_region_turned_slow_is_suspect_then_placed_by_its_new_rtt():
+    """10 ms → 800 ms: suspect from the first slow poll; once 800 ms is the median it is
+    no longer an anomaly, and its RTT itself keeps it behind the regions that meet the
+    SLO (500 ms here)."""
+    table = _table()
+    far = table.index["far"]
+    for generation in range(1, 6):
+        _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.05}, generation=generation)
+    for generation in range(6, 12):
+        table.record_ok(far, _summary(0.05, generation=generation), 0.8, NOW)
+        assert _place(table).names[-1] == "far", generation
+    assert not table.suspect(NOW)[far]  # the median moved: placed by its RTT now
+    assert table.rtt_s[far] == pytest.approx(0.8)
+
+
+def test_when_every_region_is_suspect_the_policy_order_stands():
+    """A stalled router sees every poll overdue at once: nothing is dropped for it."""
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30}, {"far": 0.05})
+    for row in range(len(table)):
+        table.poll_started_at(row, NOW)
+    assert table.suspect(NOW + 0.9).all()
+    assert _place(table, now=NOW + 0.9).names == ("far", "mid", "near")
+
+
+def test_the_poller_marks_a_region_that_stops_answering_suspect_before_its_timeout():
+    """A real poller against a listener that accepts and then says nothing (a hung
+    region: the TLS handshake never completes): the region is suspect once its poll is
+    0.3 s old (not before), well before the 1 s timeout fails it."""
+    import asyncio
+    import time
+
+    from globalrouter.poller import SummaryPoller
+    from igw.ports import free_port
+
+    async def main() -> tuple[bool, bool, int]:
+        async def silent(reader, _writer):
+            await reader.read()  # until the poller gives up
+
+        port = free_port()
+        server = await asyncio.start_server(silent, "127.0.0.1", port)
+        config = parse_global_config({
+            "apiVersion": "inference-gateway.io/v1alpha1", "kind": "GlobalRouterConfig",
+            "spec": {"regions": [{"name": "hung", "endpoint": f"127.0.0.1:{port}"}]}})
+        table = RegionTable(config)
+        poller = SummaryPoller(config, table)
+        poller.start()
+        try:
+            await asyncio.sleep(0.15)
+            early = bool(table.suspect(time.monotonic())[0])
+            await asyncio.sleep(0.35)
+            later = bool(table.suspect(time.monotonic())[0])
+            failures = table.status[0].failures  # the 1 s timeout has not fired yet
+        finally:
+            await poller.stop()
+            server.close()
+            await server.wait_closed()
+        return early, later, failures
+
+    early, later, failures = asyncio.run(main())
+    assert not early and later and failures == 0
+
+
+def test_igw_global_status_marks_a_suspect_region():
+    from igw.cli import region_line
+
+    table = _table()
+    _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30})
+    table.record_failure(table.index["far"], "TimeoutError", definite=False)
+    lines = [region_line(r) for r in table.describe(NOW)]
+    assert lines[2].startswith("far") and " fresh suspect rtt=10.0ms" in lines[2]
+    assert "suspect" not in lines[0] and " fresh rtt=10.0ms  llama ready=2/2" in lines[0]

@@ -9,7 +9,6 @@ reaching the regions over TLS with each region's own CA. Nothing is mocked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import ssl
@@ -24,109 +23,48 @@ import pytest
 import yaml
 
 from contract import headers as hdr
-from tests.procs import gateway, gateway_config, global_config, global_router, sim_fleet
-from tests.test_reliability_support import Figures, envoy_stat, wait_for
-
-LLAMA = "llama-3.1-8b"
-# name, loopback address, GPU of its pods, price per million tokens, residency
-REGIONS = (
-    ("us-east-1", "127.0.0.2", "h100", 0.30, "us"),
-    ("us-west-2", "127.0.0.3", "a100", 0.18, "us"),
-    ("eu-west-1", "127.0.0.4", "a10g", 0.10, "eu"),
+from tests.procs import gateway
+from tests.test_global_support import (
+    BODY,
+    LLAMA,
+    REGIONS,
+    RETRIES,
+    chat,
+    fresh,
+    global_world,
+    status,
+    wait_fresh,
 )
-RETRIES = "cluster.regions.upstream_rq_retry"
-BODY = {"model": LLAMA, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-
-
-def _pods() -> list[dict]:
-    return [
-        {"name": f"{name}-{i}", "gpu": gpu, "model": LLAMA, "engine": "vllm"}
-        for name, _, gpu, _, _ in REGIONS
-        for i in range(2)
-    ]
-
-
-def _tier1_config(fleet, name: str, address: str) -> dict:
-    endpoints = [fleet.address(f"{name}-{i}") for i in range(2)]
-    config = gateway_config([{"name": "llama", "modelName": LLAMA, "endpoints": endpoints}])
-    config["metadata"]["name"] = name
-    config["spec"]["listener"]["address"] = address
-    return config
+from tests.test_global_support import client as router_client
+from tests.test_reliability_support import Figures, envoy_stat, wait_for
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Three regions and the global router; yields (router, {region: Tier-1 gateway},
-    {region: Tier-1 config})."""
+    {region: Tier-1 config}, tmp)."""
     tmp = tmp_path_factory.mktemp("global")
-    with sim_fleet(tmp, _pods(), time_scale=10.0) as fleet, contextlib.ExitStack() as stack:
-        tier1, configs = {}, {}
-        for name, address, _, _, _ in REGIONS:
-            configs[name] = _tier1_config(fleet, name, address)
-            tier1[name] = stack.enter_context(gateway(tmp, configs[name]))
-        regions = [
-            {
-                "name": name,
-                "endpoint": f"{address}:{configs[name]['spec']['listener']['port']}",
-                "caFile": str(tier1[name].ca),
-                "tags": {"residency": residency},
-                "costs": {LLAMA: {"perMillionTokens": price}},
-            }
-            for name, address, _, price, residency in REGIONS
-        ]
-        doc = global_config(
-            regions,
-            models=[{"name": LLAMA, "policy": "cheapest-within-slo", "ttftSlo": "10s"}],
-            polling={"interval": "100ms", "staleAfter": "1s"},
-        )
-        with global_router(tmp, doc) as router:
-            _wait_fresh(router, {n for n, *_ in REGIONS})
-            yield router, tier1, configs, tmp
-
-
-def _status(router) -> dict:
-    return httpx.get(router.status_url, timeout=5).json()
-
-
-def _fresh(router) -> set[str]:
-    return {r["name"] for r in _status(router)["regions"] if r["fresh"] and all(
-        p["readyPods"] == p["pods"] for p in r["pools"])}
-
-
-def _wait_fresh(router, names: set[str], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not names <= _fresh(router):
-        assert time.monotonic() < deadline, f"regions not fresh: {_status(router)}"
-        time.sleep(0.1)
-
-
-def _client(router) -> httpx.Client:
-    ctx = ssl.create_default_context(cafile=str(router.ca))
-    return httpx.Client(base_url=router.url, verify=ctx, timeout=30)
+    with global_world(tmp) as w:
+        yield w.router, w.tier1, w.configs, tmp
 
 
 @pytest.fixture(scope="module")
 def client(world):
-    with _client(world[0]) as http:
+    with router_client(world[0]) as http:
         yield http
 
 
-def _chat(client, regions: str | None = None) -> httpx.Response:
-    headers = {hdr.REGIONS: regions} if regions is not None else {}
-    return client.post("/v1/chat/completions", json=BODY, headers=headers)
-
-
 def test_every_answer_names_its_region_and_the_cheapest_within_slo_wins(client):
-    reply = _chat(client)
+    reply = chat(client)
     assert reply.status_code == 200, reply.text
     assert reply.headers[hdr.REGION] == "eu-west-1"  # the cheapest; a 10 s SLO fits all
     assert reply.json()["choices"][0]["message"]["content"]
 
 
 def test_the_allow_list_narrows_the_choice(client):
-    assert _chat(client, "us-east-1").headers[hdr.REGION] == "us-east-1"
+    assert chat(client, "us-east-1").headers[hdr.REGION] == "us-east-1"
     # of the two allowed, the cheaper one; spaces and case of the list are the client's
-    assert _chat(client, "us-east-1, us-west-2").headers[hdr.REGION] == "us-west-2"
+    assert chat(client, "us-east-1, us-west-2").headers[hdr.REGION] == "us-west-2"
 
 
 def test_a_session_stays_in_its_region_until_it_may_not(client, world):
@@ -141,7 +79,7 @@ def test_a_session_stays_in_its_region_until_it_may_not(client, world):
 
     assert turn("conv-1", "us-east-1") == "us-east-1"
     assert [turn("conv-1") for _ in range(3)] == ["us-east-1"] * 3
-    assert _chat(client).headers[hdr.REGION] == "eu-west-1"
+    assert chat(client).headers[hdr.REGION] == "eu-west-1"
     assert turn("conv-1", "us-west-2") == "us-west-2"  # narrowed: the session follows
     assert turn("conv-1") == "us-west-2"
     too_long = client.post("/v1/chat/completions", json=BODY, headers={hdr.SESSION: "x" * 257})
@@ -153,7 +91,7 @@ def test_a_session_stays_in_its_region_until_it_may_not(client, world):
 
 @pytest.mark.parametrize("allowed", ["mars", "", "mars,venus"])
 def test_an_empty_allow_list_is_a_503_naming_the_constraint(client, allowed):
-    reply = _chat(client, allowed)
+    reply = chat(client, allowed)
     assert reply.status_code == 503
     assert reply.headers["retry-after"] == "1"
     error = reply.json()["error"]
@@ -174,7 +112,7 @@ def test_models_unknown_model_and_bad_body(client):
 
 def test_the_router_measures_each_region(world):
     router = world[0]
-    regions = {r["name"]: r for r in _status(router)["regions"]}
+    regions = {r["name"]: r for r in status(router)["regions"]}
     for name, address, *_ in REGIONS:
         region = regions[name]
         assert region["fresh"] and region["address"].startswith(address)
@@ -197,16 +135,16 @@ def test_a_region_is_drained_and_back_by_editing_the_config(client, world):
         path.write_text(yaml.safe_dump(changed))
 
     def region_of_next() -> str:
-        return _chat(client).headers.get(hdr.REGION, "")
+        return chat(client).headers.get(hdr.REGION, "")
 
     try:
         write(lambda d: d["spec"]["regions"][2].update(drain=True))
         wait_for(lambda: region_of_next() == "us-west-2", 10, "eu-west-1 drained", poll=0.2)
         write(lambda d: (d["spec"]["regions"][2].update(drain=True),
                          d["spec"]["regions"][1].update(endpoint="127.0.0.3:1")))
-        wait_for(lambda: _status(router)["config"]["lastReload"].startswith("refused"), 10,
+        wait_for(lambda: status(router)["config"]["lastReload"].startswith("refused"), 10,
                  "the endpoint change refused")
-        assert "spec.regions" in _status(router)["config"]["lastReload"]
+        assert "spec.regions" in status(router)["config"]["lastReload"]
         assert region_of_next() == "us-west-2"  # still drained, the endpoint unchanged
     finally:
         path.write_text(yaml.safe_dump(doc))
@@ -258,7 +196,7 @@ def test_killing_the_serving_region_loses_no_request_and_is_detected(world):
 
     def watch_detection() -> None:
         figures["detection_s"] = wait_for(
-            lambda: "eu-west-1" not in _fresh(router), 5, "the router to drop eu-west-1")
+            lambda: "eu-west-1" not in fresh(router), 5, "the router to drop eu-west-1")
 
     watcher = threading.Thread(target=watch_detection)
 
@@ -284,18 +222,19 @@ def test_killing_the_serving_region_loses_no_request_and_is_detected(world):
     # the region comes back on the same address: placing returns to it
     with gateway(tmp, configs["eu-west-1"]) as revived:
         tier1["eu-west-1"] = revived
-        _wait_fresh(router, {"eu-west-1"})
-        with _client(router) as http:
-            assert _chat(http).headers[hdr.REGION] == "eu-west-1"
+        wait_fresh(router, {"eu-west-1"})
+        with router_client(router) as http:
+            assert chat(http).headers[hdr.REGION] == "eu-west-1"
 
 
 def test_delay_proxy_adds_the_round_trip_time(tmp_path: Path) -> None:
     """igw.delay_proxy (the demo's distance between regions): an echo round trip through
-    it takes at least the configured RTT, and bytes arrive intact and in order."""
+    it takes at least the configured RTT, and bytes arrive intact and in order; a new RTT
+    (`set_rtt`, a region turning slow) applies to the connection already open."""
     from igw.delay_proxy import DelayProxy
     from igw.ports import free_ports
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         async def echo(reader, writer):
             while data := await reader.read(65536):
                 writer.write(data)
@@ -309,16 +248,23 @@ def test_delay_proxy_adds_the_round_trip_time(tmp_path: Path) -> None:
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
             payload = bytes(range(256)) * 64
-            started = time.monotonic()
-            writer.write(payload)
-            got = await reader.readexactly(len(payload))
-            elapsed = time.monotonic() - started
-            assert got == payload
+
+            async def round_trip() -> float:
+                started = time.monotonic()
+                writer.write(payload)
+                got = await reader.readexactly(len(payload))
+                assert got == payload
+                return time.monotonic() - started
+
+            first = await round_trip()
+            proxy.set_rtt(0.3)
+            second = await round_trip()
             writer.close()
-            return elapsed
+            return first, second
         finally:
             await proxy.stop()
             server.close()
             await server.wait_closed()
 
-    assert 0.08 <= asyncio.run(main()) < 1.0
+    first, second = asyncio.run(main())
+    assert 0.08 <= first < 1.0 and 0.3 <= second < 1.5

@@ -11,7 +11,9 @@ retries stay within its cluster, and an aggregate cluster tries its members in
 a fixed priority order, not the router's per-request one.
 
 Retries (before any response byte reached the client): connect failure, reset,
-refused stream, and a 503 or 429 from the region (no ready pod, saturated, shed).
+refused stream, and a 503 or 429 from the region (no ready pod, saturated, shed). A
+partitioned region's connections are closed by HTTP/2 keepalive PINGs (KEEPALIVE), which
+resets its requests, so they are retried too; no per-try timeout cuts a long request.
 Outlier detection and an active health check on the load-summary path (which a
 draining Tier-1 answers 503) take a dead region out of Envoy's own fallback
 balancing (the router is down or fail-open); the router itself stops placing on
@@ -70,6 +72,13 @@ RETRIABLE_STATUSES = (503, 429)
 # Requests to a region may stream for minutes (long generations).
 ROUTE_TIMEOUT_S = 600.0
 HEALTH_INTERVAL = "1s"
+# A partitioned region (packets dropped, nothing closed) is found by HTTP/2 PINGs on each
+# connection to it: one a second, and the connection is closed when nothing at all (Envoy
+# extends the wait on any frame received) arrives for 1.5 s after one. Its requests that
+# had no response byte yet are then reset and retried on the next region. Not a per-try
+# timer: a TTFT of many seconds is legitimate and a connection that answers PINGs is not
+# cut; 1.5 s is well above real inter-region RTTs (and twice a region slowed to 800 ms).
+KEEPALIVE = {"interval": "1s", "timeout": "1.5s"}
 
 
 def region_tls(region: RegionConfig) -> dict:
@@ -105,9 +114,7 @@ def regions_cluster(config: GlobalRouterConfig) -> dict:
             UPSTREAM_HTTP_OPTIONS: {
                 "@type": f"type.googleapis.com/{UPSTREAM_HTTP_OPTIONS}",
                 "explicit_http_config": {
-                    "http2_protocol_options": {
-                        "connection_keepalive": {"interval": "10s", "timeout": "3s"}
-                    }
+                    "http2_protocol_options": {"connection_keepalive": KEEPALIVE}
                 },
             }
         },
