@@ -23,7 +23,7 @@ each group by the policy:
 Affinity (globalrouter.affinity) enters twice. A prefix the router sent to a
 region before makes that region's prediction shorter by the matched share of the
 prompt, when nothing waits there, before the policy orders. A session's region
-is then moved to the front if it is not saturated and its prediction meets the
+is then moved to the front if it is neither saturated nor suspect and its prediction meets the
 SLO: a conversation stays while its region is good enough, whatever the policy
 would pick for a new one.
 
