@@ -22,7 +22,7 @@ from pathlib import Path
 
 from contract.config import ConfigError
 from contract.global_config import GlobalRouterConfig, load_global_config
-from picker.reload import RELOAD_POLL_S, file_signature, listener_changes
+from picker.reload import file_signature, listener_changes, watch_file
 
 log = logging.getLogger("globalrouter.reload")
 
@@ -61,12 +61,7 @@ class GlobalConfigReloader:
 
     async def watch(self, stopping: asyncio.Event) -> None:
         """Reload whenever the file changes (a ConfigMap swaps it), until stopped."""
-        while not stopping.is_set():
-            await asyncio.sleep(RELOAD_POLL_S)
-            signature = file_signature(self.path)
-            if signature != self._signature:
-                self._signature = signature
-                self.reload()
+        await watch_file(self.path, self._signature, stopping, self.reload)
 
     def reload(self) -> bool:
         """Apply the file if it is valid and reloadable; keep the running config otherwise."""

@@ -139,12 +139,7 @@ class ConfigReloader:
 
     async def watch(self, stopping: asyncio.Event) -> None:
         """Reload whenever the file changes, until the picker stops."""
-        while not stopping.is_set():
-            await asyncio.sleep(RELOAD_POLL_S)
-            signature = file_signature(self.config_path)
-            if signature != self._signature:
-                self._signature = signature
-                self.reload()
+        await watch_file(self.config_path, self._signature, stopping, self.reload)
 
     def reload(self) -> bool:
         """Apply the config file if it is valid; keep the running config otherwise."""
@@ -258,6 +253,19 @@ def _read_config(path: Path) -> tuple[GatewayConfig, bytes]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     return load_config_text(data.decode("utf-8", "replace")), data
+
+
+async def watch_file(path: Path, signature: Signature, stopping: asyncio.Event,
+                     on_change: Callable[[], object]) -> None:
+    """Call `on_change` whenever the file's signature moves from `signature` (polled
+    every RELOAD_POLL_S: a ConfigMap swaps the file, no inotify event says so), until
+    `stopping` is set. The picker's and the global router's config watch."""
+    while not stopping.is_set():
+        await asyncio.sleep(RELOAD_POLL_S)
+        current = file_signature(path)
+        if current != signature:
+            signature = current
+            on_change()
 
 
 def file_signature(path: Path) -> Signature:
