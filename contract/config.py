@@ -73,6 +73,11 @@ class TlsConfig:
     certificate_file: str | None = None
     key_file: str | None = None
     secret_name: str | None = None
+    # Client certificates signed by this CA are verified (mutual TLS): the load summary
+    # is then served only to a verified client (the global router); other clients still
+    # connect for inference unless `require_client_certificate`.
+    client_ca_file: str | None = None
+    require_client_certificate: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -368,13 +373,23 @@ def _tls(data: Any, path: str) -> TlsConfig:
     cert = f.take("certificateFile")
     key = f.take("keyFile")
     secret = f.take("secretName")
+    client_ca = f.take("clientCaFile")
+    require = _typed(f.take("requireClientCertificate", False), bool,
+                     f.at("requireClientCertificate"))
     f.done()
     if (cert is None) != (key is None):
         raise ConfigError(f"{path}: certificateFile and keyFile must be given together")
-    for name, value in (("certificateFile", cert), ("keyFile", key), ("secretName", secret)):
+    for name, value in (("certificateFile", cert), ("keyFile", key), ("secretName", secret),
+                        ("clientCaFile", client_ca)):
         if value is not None:
             _typed(value, str, f.at(name))
-    return TlsConfig(certificate_file=cert, key_file=key, secret_name=secret)
+            if not value:
+                raise ConfigError(f"{f.at(name)}: expected a non-empty string")
+    if require and client_ca is None:
+        raise ConfigError(f"{f.at('requireClientCertificate')}: needs clientCaFile (the CA "
+                          "client certificates are verified with)")
+    return TlsConfig(certificate_file=cert, key_file=key, secret_name=secret,
+                     client_ca_file=client_ca, require_client_certificate=require)
 
 
 def _bbr(data: Any, path: str) -> BbrConfig:

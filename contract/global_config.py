@@ -130,6 +130,15 @@ class PollingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClientCertificate:
+    """The certificate the router presents to every region (mutual TLS between the tiers:
+    a region with `spec.tls.clientCaFile` serves its load summary only to it)."""
+
+    certificate_file: str
+    key_file: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class AffinityConfig:
     """Keeping conversations where their KV cache is (globalrouter.affinity)."""
 
@@ -168,6 +177,8 @@ class GlobalRouterConfig:
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     # spec.auth.jwt: every request needs a valid token, checked by the front door's Envoy.
     jwt: JwtConfig | None = None
+    # spec.regionClientTls: presented to the regions by the poller and by Envoy.
+    region_client_tls: ClientCertificate | None = None
 
     def policy_for(self, model: str) -> ModelPolicy:
         return next((p for p in self.models if p.model == model), self.default_policy)
@@ -302,6 +313,18 @@ def _polling(data: Any, path: str) -> PollingConfig:
     return PollingConfig(interval_s=interval, timeout_s=timeout, stale_after_s=stale)
 
 
+def _client_certificate(data: Any, path: str) -> ClientCertificate | None:
+    if data is None:
+        return None
+    f = _Fields(data, path)
+    cert = _optional_text(f, "certificateFile")
+    key = _optional_text(f, "keyFile")
+    f.done()
+    if cert is None or key is None:
+        raise ConfigError(f"{path}: certificateFile and keyFile are both required")
+    return ClientCertificate(certificate_file=cert, key_file=key)
+
+
 def _affinity(data: Any, path: str) -> AffinityConfig:
     f = _Fields(data, path)
     d = AffinityConfig()
@@ -388,6 +411,7 @@ def parse_global_config(doc: Any) -> GlobalRouterConfig:
     coordination = _coordination(spec.take("coordination"), "spec.coordination")
     affinity = _affinity(spec.take("affinity"), "spec.affinity")
     jwt = _auth(spec.take("auth"), "spec.auth")
+    client_tls = _client_certificate(spec.take("regionClientTls"), "spec.regionClientTls")
     spec.done()
     if not 0 <= retries <= 8:
         raise ConfigError(f"spec.maxRetries: must be between 0 and 8, got {retries}")
@@ -402,7 +426,8 @@ def parse_global_config(doc: Any) -> GlobalRouterConfig:
         regions=regions, models=models, default_policy=default, name=name, namespace=namespace,
         tls=tls, bbr=bbr, listen_address=address, listen_port=port, failure_mode=failure,
         polling=polling, spill_saturation=spill, max_retries=retries, tenants=tenants,
-        coordination=coordination, affinity=affinity, jwt=jwt, **ports,
+        coordination=coordination, affinity=affinity, jwt=jwt,
+        region_client_tls=client_tls, **ports,
     )
 
 

@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 
 from contract import headers as hdr
-from contract.global_config import GlobalRouterConfig, RegionConfig
+from contract.global_config import ClientCertificate, GlobalRouterConfig, RegionConfig
 from globalrouter.regions import RegionTable
 from picker.cancellation import cancel_and_wait
 
@@ -38,9 +38,14 @@ class SummaryError(ValueError):
     """The region answered, but not with a load summary."""
 
 
-def client_context(region: RegionConfig) -> ssl.SSLContext:
-    """TLS to the region: its CA (else the system store), its name checked."""
-    return ssl.create_default_context(cafile=region.ca_file)
+def client_context(region: RegionConfig, client: ClientCertificate | None = None
+                   ) -> ssl.SSLContext:
+    """TLS to the region: its CA (else the system store), its name checked; the
+    router's own certificate presented when mutual TLS is configured."""
+    context = ssl.create_default_context(cafile=region.ca_file)
+    if client is not None:
+        context.load_cert_chain(client.certificate_file, client.key_file)
+    return context
 
 
 def parse_summary(body: bytes) -> dict[str, Any]:
@@ -69,7 +74,8 @@ class SummaryPoller:
 
     def start(self) -> None:
         for row, region in enumerate(self.config.regions):
-            connector = aiohttp.TCPConnector(ssl=client_context(region), limit=2)
+            context = client_context(region, self.config.region_client_tls)
+            connector = aiohttp.TCPConnector(ssl=context, limit=2)
             session = aiohttp.ClientSession(connector=connector)
             self._sessions.append(session)
             self._tasks.append(

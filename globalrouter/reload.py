@@ -37,6 +37,7 @@ def restart_only_changes(old: GlobalRouterConfig, new: GlobalRouterConfig) -> li
         "spec.maxRetries": old.max_retries != new.max_retries,
         "spec.coordination": old.coordination != new.coordination,
         "spec.affinity": old.affinity != new.affinity,
+        "spec.regionClientTls": old.region_client_tls != new.region_client_tls,
         "metadata": (old.name, old.namespace) != (new.name, new.namespace),
     }
     return [name for name, changed in checks.items() if changed]

@@ -8,7 +8,7 @@ and the predicted time to first token of a typical request on the pod the
 picker would choose now. The summary is built here in the background every
 `interval_s` from the datastore and the schedulers' state and kept as
 encoded bytes, so serving it (`GET /igw/v1/load-summary`, through Envoy's
-TLS listener, igw_envoy.routes.load_summary_route) costs a dict lookup and a
+TLS listener, igw_envoy.routes.load_summary_routes) costs a dict lookup and a
 write, and requests never pay for it.
 
 `generation` counts rebuilds: a reader that sees it stop moving knows the

@@ -150,7 +150,8 @@ ACCEPTED: dict[str, Callable[[], dict[str, Any]]] = {
         maxFallbacks=3,
     ),
     "every field": lambda: with_spec(
-        tls={"certificateFile": "/tls/tls.crt", "keyFile": "/tls/tls.key", "secretName": "gw"},
+        tls={"certificateFile": "/tls/tls.crt", "keyFile": "/tls/tls.key", "secretName": "gw",
+             "clientCaFile": "/tls/clients.pem", "requireClientCertificate": True},
         bbr={"enabled": True, "maxRequestBodyBytes": 268435456},
         auth={"jwt": {"issuer": "https://issuer", "audiences": ["a"], "jwksUri": "https://j"}},
         schedulers=[
@@ -304,6 +305,10 @@ REJECTED_BY_CEL: dict[str, tuple[Callable[[], dict[str, Any]], str]] = {
     "certificate without key": (
         lambda: with_spec(tls={"certificateFile": "/c"}),
         "certificateFile and keyFile",
+    ),
+    "client certificates required without their CA": (
+        lambda: with_spec(tls={"requireClientCertificate": True}),
+        "requireClientCertificate needs clientCaFile",
     ),
     "both jwks sources": (
         lambda: with_spec(auth={"jwt": {"issuer": "i", "jwksUri": "u", "jwksFile": "f"}}),

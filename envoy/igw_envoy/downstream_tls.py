@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contract.config import TlsConfig
 from igw_envoy.sds import sds_config
 
 TLS_DOWNSTREAM_TYPE = (
@@ -26,9 +27,17 @@ TLS12_CIPHERS = (
 )
 
 
-def downstream_tls(sds_dir: Path) -> dict:
-    """TLS 1.2+ with modern suites, ALPN h2 and http/1.1, certificate from watched SDS."""
-    return downstream_tls_socket({"tls_certificate_sds_secret_configs": [sds_config(sds_dir)]})
+def downstream_tls(sds_dir: Path, tls: TlsConfig | None = None) -> dict:
+    """TLS 1.2+ with modern suites, ALPN h2 and http/1.1, certificate from watched SDS;
+    with `clientCaFile`, client certificates verified against it (mutual TLS), required
+    of every connection with `requireClientCertificate`."""
+    sources: dict = {"tls_certificate_sds_secret_configs": [sds_config(sds_dir)]}
+    if tls is not None and tls.client_ca_file:
+        sources["validation_context"] = {"trusted_ca": {"filename": tls.client_ca_file}}
+    socket = downstream_tls_socket(sources)
+    if tls is not None and tls.client_ca_file:
+        socket["typed_config"]["require_client_certificate"] = tls.require_client_certificate
+    return socket
 
 
 def downstream_tls_socket(certificates: dict) -> dict:

@@ -28,7 +28,12 @@ from pathlib import Path
 from bbr.request import API_PATHS
 from contract import headers
 from contract.endpoints import split_endpoint
-from contract.global_config import GlobalRouterConfig, RegionConfig, region_address
+from contract.global_config import (
+    ClientCertificate,
+    GlobalRouterConfig,
+    RegionConfig,
+    region_address,
+)
 from igw_envoy import replies
 from igw_envoy.clusters import (
     CIRCUIT_LIMIT,
@@ -81,10 +86,17 @@ HEALTH_INTERVAL = "1s"
 KEEPALIVE = {"interval": "1s", "timeout": "1.5s"}
 
 
-def region_tls(region: RegionConfig) -> dict:
-    """TLS to one region: its CA (else the system store), its server name checked, h2."""
+def region_tls(region: RegionConfig, client: ClientCertificate | None = None) -> dict:
+    """TLS to one region: its CA (else the system store), its server name checked, h2;
+    the router's certificate presented with `spec.regionClientTls` (mutual TLS)."""
     host = region.server_name or split_endpoint(region.endpoint)[0]
-    return upstream_tls(host, region.ca_file or system_ca_bundle(), alpn=["h2"])
+    socket = upstream_tls(host, region.ca_file or system_ca_bundle(), alpn=["h2"])
+    if client is not None:
+        socket["typed_config"]["common_tls_context"]["tls_certificates"] = [{
+            "certificate_chain": {"filename": client.certificate_file},
+            "private_key": {"filename": client.key_file},
+        }]
+    return socket
 
 
 def regions_cluster(config: GlobalRouterConfig) -> dict:
@@ -119,7 +131,8 @@ def regions_cluster(config: GlobalRouterConfig) -> dict:
             }
         },
         "transport_socket_matches": [
-            {"name": r.name, "match": {"region": r.name}, "transport_socket": region_tls(r)}
+            {"name": r.name, "match": {"region": r.name},
+             "transport_socket": region_tls(r, config.region_client_tls)}
             for r in config.regions
         ],
         "load_assignment": static_assignment(REGIONS_CLUSTER, hosts, metadata),
@@ -210,7 +223,8 @@ def global_listener(config: GlobalRouterConfig, paths: RenderPaths) -> dict:
         "local_reply_config": replies.local_reply_config(limit),
         "access_log": replies.access_log(paths.access_log),
     }
-    return https_listener(config.listen_address, config.listen_port, limit, hcm, paths.sds_dir)
+    return https_listener(config.listen_address, config.listen_port, limit, hcm, paths.sds_dir,
+                          config.tls)
 
 
 def render_global_bootstrap(config: GlobalRouterConfig, paths: RenderPaths) -> dict:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract import headers
-from contract.config import GatewayConfig
+from contract.config import GatewayConfig, TlsConfig
 from igw_envoy import replies
 from igw_envoy.downstream_tls import downstream_tls
 from igw_envoy.http_filters import early_strip, http_filters
@@ -55,10 +55,12 @@ def listener(config: GatewayConfig, inputs: ListenerInputs) -> dict:
         config.bbr.max_request_body_bytes,
         http_connection_manager(config, inputs),
         inputs.sds_dir,
+        config.tls,
     )
 
 
-def https_listener(address: str, port: int, body_limit: int, hcm: dict, sds_dir: Path) -> dict:
+def https_listener(address: str, port: int, body_limit: int, hcm: dict, sds_dir: Path,
+                   tls: TlsConfig | None = None) -> dict:
     """A TLS listener (certificate from the SDS file) running `hcm`; the global router's
     front door (igw_envoy.global_front) is the same listener with its own manager."""
     socket_address: dict = {"address": address, "port_value": port}
@@ -78,7 +80,7 @@ def https_listener(address: str, port: int, body_limit: int, hcm: dict, sds_dir:
                         "typed_config": hcm,
                     }
                 ],
-                "transport_socket": downstream_tls(sds_dir),
+                "transport_socket": downstream_tls(sds_dir, tls),
             }
         ],
     }

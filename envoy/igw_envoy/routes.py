@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bbr.request import API_PATHS
 from contract import headers
-from contract.config import GatewayConfig, SchedulerConfig
+from contract.config import GatewayConfig, SchedulerConfig, TlsConfig
 from igw_envoy.clusters import PICKER_HTTP_CLUSTER
 from igw_envoy.eds import cluster_name
 from igw_envoy.http_filters import BUFFER, EXT_PROC, FALLBACK, PROCESSING_MODE, needs_fallback
@@ -76,17 +76,32 @@ def health_route() -> dict:
     }
 
 
-def load_summary_route() -> dict:
+def load_summary_routes(tls: TlsConfig) -> list[dict]:
     """The picker's load summary for the global router (picker.load_summary), on the
     same TLS listener as the traffic: one endpoint and one CA per region, and the RTT
     the global router measures on it is the traffic's. Served by the picker's HTTP
-    server without ext_proc (nothing to route) and, like /healthz, without a token."""
-    return {
+    server without ext_proc (nothing to route) and, like /healthz, without a token.
+    With `spec.tls.clientCaFile` only to a client whose certificate was verified (the
+    global router's); anyone else gets a 403, not the fleet's models and load."""
+    match: dict = {"path": headers.LOAD_SUMMARY_PATH, "headers": [_exact(":method", "GET")]}
+    no_ext_proc = {EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "disabled": True}}
+    served = {
         "name": "load_summary",
-        "match": {"path": headers.LOAD_SUMMARY_PATH, "headers": [_exact(":method", "GET")]},
+        "match": match,
         "route": {"cluster": PICKER_HTTP_CLUSTER, "timeout": "2s"},
-        "typed_per_filter_config": {EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "disabled": True}},
+        "typed_per_filter_config": no_ext_proc,
     }
+    if not tls.client_ca_file:
+        return [served]
+    served["match"] = {**match, "tls_context": {"validated": True}}
+    refused = {
+        "name": "load_summary_refused",
+        "match": match,
+        "direct_response": {"status": 403, "body": {
+            "inline_string": "the load summary needs a verified client certificate\n"}},
+        "typed_per_filter_config": no_ext_proc,
+    }
+    return [served, refused]
 
 
 def _exact(name: str, value: str) -> dict:
@@ -225,7 +240,7 @@ def route_config(config: GatewayConfig) -> dict:
     """Health check, one route per pool on the picker's answer, the picker-less
     fallback routes (fail-open, several pools), the one-message routes, then the
     fallback."""
-    routes = [health_route(), load_summary_route()]
+    routes = [health_route(), *load_summary_routes(config.tls)]
     tenants = config.tenants is not None
     routes += [pool_route(pool, config.max_fallbacks, tenants) for pool in config.schedulers]
     if needs_fallback(config):
