@@ -299,6 +299,29 @@ def test_chart_default_render_is_valid():
     assert one(objs, "Deployment")["metadata"]["namespace"] == "models"
 
 
+def test_chart_mounts_the_client_ca_for_mutual_tls():
+    objs = render({"tls": {"secretName": "gw-tls", "clientCaSecret": "router-ca",
+                           "requireClientCertificate": True}})
+    for obj in objs:
+        validate_k8s(obj)
+    c = container(objs)
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "client-ca", "mountPath": "/etc/igw-client-ca",
+            "readOnly": True} in c["volumeMounts"]
+    assert {"name": "client-ca", "secret": {"secretName": "router-ca", "items": [
+        {"key": "ca.crt", "path": "ca.pem"}]}} in pod["volumes"]
+    config = parse_config(yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"]))
+    assert config.tls.client_ca_file == "/etc/igw-client-ca/ca.pem"
+    assert config.tls.require_client_certificate
+    assert config.tls.certificate_file == "/etc/igw-tls/tls.crt"
+
+
+def test_chart_refuses_required_client_certificates_without_their_ca():
+    helm = pytest.importorskip("helm_python")
+    with pytest.raises(helm.HelmError, match=r"tls\.requireClientCertificate: needs"):
+        render_manifests.render_chart({"tls": {"requireClientCertificate": True}})
+
+
 def test_chart_with_tls_secret_and_config_resource():
     objs = render({"tls": {"secretName": "gw-tls"}, "configResource": {"enabled": True}})
     for obj in objs:

@@ -85,12 +85,13 @@ def test_helm_lint_is_clean():
     assert_lint_clean(CHART)
 
 
-def test_region_cas_tls_redis_and_tenant_keys_are_mounted_where_the_config_says():
+def test_region_cas_tls_client_tls_redis_and_tenant_keys_are_mounted_where_the_config_says():
     objs = render({
         "config": with_spec(tenants=TENANTS, ports={"picker": 9100}),
         "regionCAs": {"us-east-1": {"secretName": "us-east-ca"},
                       "eu-west-1": {"configMap": "eu-west-ca", "key": "bundle.pem"}},
         "tls": {"secretName": "global-tls"},
+        "regionClientTls": {"secretName": "router-client"},
         "coordination": {"url": "rediss://redis.edge:6380/0", "existingSecret": "redis-auth",
                          "settings": {"keyPrefix": "igw-global-prod"}},
         "tenants": {"keysSecret": "tenant-keys"},
@@ -112,6 +113,11 @@ def test_region_cas_tls_redis_and_tenant_keys_are_mounted_where_the_config_says(
     assert (config.tls.certificate_file, config.tls.key_file) == (
         "/etc/igw-tls/tls.crt", "/etc/igw-tls/tls.key")
     assert at["tls"] == "/etc/igw-tls" and vols["tls"]["secret"]["secretName"] == "global-tls"
+    assert config.region_client_tls is not None
+    assert (config.region_client_tls.certificate_file, config.region_client_tls.key_file) == (
+        "/etc/igw-region-client/tls.crt", "/etc/igw-region-client/tls.key")
+    assert at["region-client-tls"] == "/etc/igw-region-client"
+    assert vols["region-client-tls"]["secret"]["secretName"] == "router-client"
     assert config.coordination is not None
     assert config.coordination.url == "rediss://redis.edge:6380/0"
     assert config.coordination.key_prefix == "igw-global-prod"

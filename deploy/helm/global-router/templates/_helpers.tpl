@@ -77,6 +77,9 @@ show at start (or never: replicas without a shared Redis multiply every limit).
 {{- if .Values.tls.secretName }}
 {{- $_ := set $spec "tls" (dict "certificateFile" "/etc/igw-tls/tls.crt" "keyFile" "/etc/igw-tls/tls.key") }}
 {{- end }}
+{{- if .Values.regionClientTls.secretName }}
+{{- $_ := set $spec "regionClientTls" (dict "certificateFile" "/etc/igw-region-client/tls.crt" "keyFile" "/etc/igw-region-client/tls.key") }}
+{{- end }}
 {{- if and .Values.coordination.existingSecret (not .Values.coordination.url) }}
 {{- fail "coordination.existingSecret needs coordination.url" }}
 {{- end }}

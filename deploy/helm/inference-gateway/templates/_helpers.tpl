@@ -96,8 +96,21 @@ app.kubernetes.io/part-of: inference-gateway
 set and spec.coordination when coordination is configured. */}}
 {{- define "igw.config" -}}
 {{- $cfg := deepCopy .Values.config }}
+{{- $tls := deepCopy ($cfg.spec.tls | default dict) }}
 {{- if .Values.tls.secretName }}
-{{- $_ := set $cfg.spec "tls" (dict "certificateFile" "/etc/igw-tls/tls.crt" "keyFile" "/etc/igw-tls/tls.key" "secretName" .Values.tls.secretName) }}
+{{- $tls = merge (dict "certificateFile" "/etc/igw-tls/tls.crt" "keyFile" "/etc/igw-tls/tls.key" "secretName" .Values.tls.secretName) $tls }}
+{{- end }}
+{{- if .Values.tls.clientCaSecret }}
+{{- $_ := set $tls "clientCaFile" "/etc/igw-client-ca/ca.pem" }}
+{{- end }}
+{{- if .Values.tls.requireClientCertificate }}
+{{- if not $tls.clientCaFile }}
+{{- fail "tls.requireClientCertificate: needs tls.clientCaSecret (the CA client certificates are verified with)" }}
+{{- end }}
+{{- $_ := set $tls "requireClientCertificate" true }}
+{{- end }}
+{{- if $tls }}
+{{- $_ := set $cfg.spec "tls" $tls }}
 {{- end }}
 {{- $url := include "igw.coordinationURL" . }}
 {{- if $url }}
