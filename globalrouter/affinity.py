@@ -21,9 +21,10 @@ shared by everyone (a system prompt) glues no traffic to the region that saw it
 first; a long conversation stays where skipping its prefill keeps it fastest or
 within the SLO.
 
-Each router replica keeps its own (shared bindings between replicas are not
-built): on the same summaries replicas place a new conversation alike, so a
-session's replicas mostly agree; where they do not, each keeps it in one region.
+Each router replica keeps its own maps; with `spec.coordination` the session
+bindings are shared (globalrouter.session_sync: published in batches, read in the
+background), so a conversation whose turns reach different replicas stays in one
+region. Prefixes are not shared: each replica learns them from what it places.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class RegionAffinity:
         self.n = n
         self._max_sessions = config.max_sessions
         self._idle_s = config.session_idle_timeout_s
-        self._sessions: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        # session → (region row, last seen, last published to the other replicas)
+        self._sessions: OrderedDict[str, tuple[int, float, float]] = OrderedDict()
         blocks = config.prefix_blocks_per_region
         self._prefixes = PrefixIndex(blocks) if blocks > 0 else None
 
@@ -86,15 +88,29 @@ class RegionAffinity:
             return None
         return np.minimum(blocks * (BLOCK_CHARS / prompt_chars), 1.0)
 
-    def record(self, session: str | None, hashes: list[int], row: int, now: float) -> None:
-        """The request went to `row`: its session and prefix are there now."""
-        if session is not None and self._max_sessions > 0:
-            sessions = self._sessions
-            sessions[session] = (row, now)
-            sessions.move_to_end(session)
-            self._expire(now)
+    def record(self, session: str | None, hashes: list[int], row: int, now: float) -> bool:
+        """The request went to `row`: its session and prefix are there now. True when the
+        binding is news for the other replicas (globalrouter.session_sync): new, moved,
+        or not told for half the idle timeout (theirs would expire meanwhile)."""
         if self._prefixes is not None and hashes:
             self._prefixes.insert(row, hashes)
+        if session is None or self._max_sessions == 0:
+            return False
+        sessions = self._sessions
+        old = sessions.get(session)
+        news = old is None or old[0] != row or now - old[2] > self._idle_s / 2
+        sessions[session] = (row, now, now if news else old[2])
+        sessions.move_to_end(session)
+        self._expire(now)
+        return news
+
+    def adopt(self, session: str, row: int, now: float) -> None:
+        """Another replica placed the session on `row` (globalrouter.session_sync)."""
+        if self._max_sessions == 0 or len(session) > MAX_SESSION_CHARS:
+            return
+        self._sessions[session] = (row, now, now)
+        self._sessions.move_to_end(session)
+        self._expire(now)
 
     def _expire(self, now: float) -> None:
         """Oldest first (the dict is in last-use order): idle sessions, then any over

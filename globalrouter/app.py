@@ -22,6 +22,7 @@ from globalrouter.director import GlobalDirector
 from globalrouter.poller import SummaryPoller
 from globalrouter.regions import RegionTable
 from globalrouter.reload import GlobalConfigReloader
+from globalrouter.session_sync import SessionSync
 from picker.app import (
     EXT_PROC_PATH,
     HEALTH_SERVICES,
@@ -29,6 +30,8 @@ from picker.app import (
     serve_until_signalled,
 )
 from picker.cancellation import cancel_and_wait
+from picker.coordination.bus import BusError, read_password, redis_client
+from picker.coordination.replicas import default_replica_id
 from picker.gateway_metrics import limits_text
 from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HealthCheck
 from picker.handlers import ExtProcHandler
@@ -84,6 +87,7 @@ class GlobalRouterApp:
             await self.limiter.start_shared(self.config.coordination, self.key_prefix)
             keys = self.director.tenants.watch(self._stopping)
             self._tasks.append(asyncio.create_task(keys, name="global-tenant-keys"))
+        await self._start_session_sync()
         handler = ExtProcHandler(self.director)
         self._grpc = H2GrpcServer(
             {
@@ -97,6 +101,24 @@ class GlobalRouterApp:
         log.info("global router serving ext_proc=%s:%d http=%s:%d regions=%s", self.host,
                  self.config.picker_port, self.metrics_host, self.config.metrics_port,
                  ",".join(self.table.names))
+
+    async def _start_session_sync(self) -> None:
+        """With spec.coordination (and sessions on): share session bindings with the other
+        replicas (globalrouter.session_sync). A password that cannot be read is logged and
+        sessions stay this replica's, as the tenant limits do."""
+        settings = self.config.coordination
+        if settings is None or self.config.affinity.max_sessions == 0:
+            return
+        try:
+            password = read_password(settings.password_file)
+        except BusError as exc:
+            log.error("sessions not shared (each replica keeps its own): %s", exc)
+            return
+        sync = SessionSync(self.director.affinity, self.table.names,
+                           lambda: redis_client(settings, password, settings.timeout_s, 1),
+                           self.key_prefix, default_replica_id())
+        await sync.start()
+        self.director.session_sync = sync
 
     def _serving(self, service: str) -> int | None:
         if service not in HEALTH_SERVICES:
@@ -126,6 +148,8 @@ class GlobalRouterApp:
                           "drained": [r.name for r in self.config.regions if r.drain]},
                "affinity": {**self.director.affine, "sessions": self.director.affinity.sessions,
                             "prefixBlocks": self.director.affinity.prefix_blocks}}
+        if self.director.session_sync is not None:
+            doc["sessionSync"] = self.director.session_sync.stats()
         if self.limiter is not None:
             doc["tenantLimits"] = self.limiter.status()
         return web.json_response(doc)
@@ -184,6 +208,18 @@ class GlobalRouterApp:
                   "over all regions.",
                   f"# TYPE {METRICS_PREFIX}_affinity_prefix_blocks gauge",
                   f"{METRICS_PREFIX}_affinity_prefix_blocks {affinity.prefix_blocks}"]
+        sync = self.director.session_sync
+        if sync is not None:
+            stats = sync.stats()
+            lines += [f"# HELP {METRICS_PREFIX}_session_sync_connected 1 while session "
+                      "bindings are exchanged with the other replicas through Redis.",
+                      f"# TYPE {METRICS_PREFIX}_session_sync_connected gauge",
+                      f"{METRICS_PREFIX}_session_sync_connected {int(stats['connected'])}"]
+            for name in ("published", "adopted", "errors"):
+                lines += [f"# HELP {METRICS_PREFIX}_session_sync_{name}_total Session "
+                          f"bindings {name} (errors: failed exchanges).",
+                          f"# TYPE {METRICS_PREFIX}_session_sync_{name}_total counter",
+                          f"{METRICS_PREFIX}_session_sync_{name}_total {stats[name]}"]
         return lines
 
     def _limits_text(self) -> str:
@@ -200,6 +236,8 @@ class GlobalRouterApp:
         await self.poller.stop()
         if self.limiter is not None:
             await self.limiter.stop()
+        if self.director.session_sync is not None:
+            await self.director.session_sync.stop()
         if self._http is not None:
             await self._http.cleanup()
 

@@ -27,6 +27,7 @@ from contract.global_config import GlobalRouterConfig
 from globalrouter.affinity import RegionAffinity
 from globalrouter.placement import allow_list, place
 from globalrouter.regions import RegionTable
+from globalrouter.session_sync import SessionSync
 from picker.director import RequestInfo
 from picker.tenants.identity import Tenant, TenantDirectory
 from picker.tenants.limits import Grant, Limiter
@@ -65,6 +66,8 @@ class GlobalDirector:
             limiter.configure(config.tenants.limits())
         self.count = 1 + config.max_retries
         self.affinity = RegionAffinity(config.affinity, len(table))
+        # Set by the app with spec.coordination: bindings shared with the other replicas.
+        self.session_sync: SessionSync | None = None
         self.affine: Counter[str] = Counter()  # what affinity did → requests
         self.placed: Counter[str] = Counter()  # first-choice region → requests
         self.refused: Counter[int] = Counter()  # status → requests answered here
@@ -113,7 +116,9 @@ class GlobalDirector:
             decision.grant = self.limiter.admit(tenant.name, model, tokens, now)
             decision.limit_headers = self.limiter.headers(decision.grant)
         decision.region = placement.names[0]
-        self.affinity.record(info.session, hashes, placement.rows[0], now)
+        if self.affinity.record(info.session, hashes, placement.rows[0], now) and (
+                self.session_sync is not None):
+            self.session_sync.record(info.session, placement.rows[0])
         if placement.affinity:
             self.affine[placement.affinity] += 1
         decision.headers = [
