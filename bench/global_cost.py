@@ -76,6 +76,8 @@ OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE = 100, 0.6, (8, 400)
 WARMUP_S = 4.0
 WARMUP_RATE = 2.0
 SETTLE_TIMEOUT_S = 60.0
+WARM_PER_REGION = 5
+WARM_OUTPUT_TOKENS = 4
 TIME_CAP_S = 120.0  # per run, past the arrival window: a stuck front cannot hang the bench
 
 
@@ -267,6 +269,18 @@ def settle(status_url: str, timeout_s: float = SETTLE_TIMEOUT_S) -> float:
     raise TimeoutError(f"regions not idle after {timeout_s:g} s")
 
 
+def idle_view(status_url: str) -> dict[str, dict[str, Any]]:
+    """What the demo router knows of each idle region after the warm-up: its RTT and its
+    summary's predicted TTFT of a typical llama request (the report shows both)."""
+    out = {}
+    for region in _regions(status_url):
+        pool = next((p for p in region["pools"] if p["model"] == LLAMA), {})
+        out[region["name"]] = {"rtt_s": region["rttS"],
+                               "predicted_ttft_s": pool.get("predictedTtftS"),
+                               "typical_prompt_tokens": pool.get("typicalPromptTokens")}
+    return out
+
+
 def _context(ca: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca))
 
@@ -280,39 +294,47 @@ def drive(url: str, ca: Path, specs: list[RequestSpec]) -> list[Result]:
     return asyncio.run(gen.run())
 
 
-def warm_tier1(world: World, seed: int) -> None:
-    """Every region's Tier-1 picker learns its pods' speeds (until then its summary
-    predicts a deliberately slow default): a few requests pinned to each region."""
-    specs = workload(LEVELS["light"], 6.0, seed + 1000)
-    for region in DEMO_REGIONS:
-        asyncio.run(_pinned(world, specs, region.name))
+def warm_regions(world: World, seed: int) -> None:
+    """Every region's Tier-1 picker has fresh speeds for its pods (a speed not observed
+    for 5 s is not trusted, picker.datastore.SPEED_STALE_S, and the summary then predicts
+    a slower default): a few short requests pinned to each region with
+    `x-gateway-regions`, so every front starts from the same knowledge of every region."""
+    rng = random.Random(seed)
+    corpus = Corpus(rng, chars=50_000)
+    lengths = [lognormal(rng, PROMPT_MEDIAN, 0.3, 64, 800) for _ in range(WARM_PER_REGION)]
+    bodies = [chat_body(LLAMA, f"warm {i} {corpus.text_of(n)}", WARM_OUTPUT_TOKENS)
+              for i, n in enumerate(lengths)]
+    asyncio.run(_pinned(world, bodies))
 
 
-async def _pinned(world: World, specs: list[RequestSpec], region: str) -> None:
+async def _pinned(world: World, bodies: list[bytes]) -> None:
     import aiohttp
 
     connector = aiohttp.TCPConnector(ssl=_context(world.ca))
     timeout = aiohttp.ClientTimeout(total=60)
     url = f"{world.urls['cheapest-within-slo']}/v1/chat/completions"
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        async def one(spec: RequestSpec) -> None:
-            async with session.post(url, data=spec.body, headers={
+        async def one(body: bytes, region: str, delay: float) -> None:
+            await asyncio.sleep(delay)
+            async with session.post(url, data=body, headers={
                     "content-type": "application/json", hdr.REGIONS: region}) as reply:
                 await reply.read()
 
-        await asyncio.gather(*(one(s) for s in specs[:8]))
+        await asyncio.gather(*(one(body, region.name, 0.3 * i)
+                               for region in DEMO_REGIONS for i, body in enumerate(bodies)))
 
 
 def run(world: World, fronts: tuple[str, ...], levels: list[Level], duration: float,
         seed: int, progress: bool = True) -> list[dict[str, Any]]:
     """Every level, every front in turn on the same idle regions; one row per pair."""
     rows: list[dict[str, Any]] = []
-    warm = workload(LEVELS["light"], WARMUP_S * WARMUP_RATE, seed + 2000)
+    warm = workload(Level("warm", WARMUP_RATE), WARMUP_S, seed + 2000)
     for level in levels:
         specs = workload(level, duration, seed)
         for front in fronts:
             settle(world.status_url)
-            drive(world.urls[front], world.ca, warm[: int(WARMUP_S * WARMUP_RATE)])
+            drive(world.urls[front], world.ca, warm)
+            warm_regions(world, seed)
             settle(world.status_url)
             if progress:
                 print(f"global cost: {level.name} ({len(specs)} requests) via {front}",
@@ -357,6 +379,11 @@ def render(doc: dict[str, Any]) -> str:
         f"{doc['duration_s']:g} s of seeded open-loop arrivals (seed {doc['seed']}), the "
         "same ones through every front. Cost = (prompt + completion tokens) x the serving "
         "region's price; a failed request counts as outside the SLO.", "",
+        "Idle, after the warm-up, the demo router saw: " + "; ".join(
+            f"{name} RTT {v['rtt_s'] * 1000:.0f} ms, predicted TTFT "
+            f"{_f(v['predicted_ttft_s'] and v['predicted_ttft_s'] * 1000, '.0f')} ms for a "
+            f"{v['typical_prompt_tokens']}-token prompt"
+            for name, v in doc.get("idle_view", {}).items()) + ".", "",
         "| level | front | requests | failed | within SLO | TTFT p50 ms | TTFT p95 ms "
         "| $ per M tokens | vs fastest | served by (us-east-1 / us-west-2 / eu-west-1) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -397,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or Path(tmp)
         world = start_world(work, fronts)
         try:
-            warm_tier1(world, args.seed)
+            warm_regions(world, args.seed)
+            settle(world.status_url)
+            idle = idle_view(world.status_url)
             rows = run(world, fronts, levels, args.duration, args.seed)
         finally:
             stop_world(world.children)
@@ -406,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python -m bench.global_cost", *(argv or sys.argv[1:])]),
         "cores": os.cpu_count(), "load_average": os.getloadavg()[0],
         "duration_s": args.duration, "seed": args.seed, "slo_s": SLO_S,
-        "prices": PRICES, "rows": rows,
+        "prices": PRICES, "idle_view": idle, "rows": rows,
     }
     write_results(args.out, "global-cost", doc, render(doc))
     return 0

@@ -90,11 +90,13 @@ class GlobalDirector:
             raise ModelNotFound(model)
         decision = GlobalDecision(model=model, started=now, tenant=tenant)
         placement = place(self.table, model, view, self.config.policy_for(model),
-                          allow_list(self.table, info.regions), now, self.count, info.regions)
+                          allow_list(self.table, info.regions), now, self.count, info.regions,
+                          parsed.prompt_tokens)
         if tenant is not None and self.limiter is not None:
             tokens = parsed.prompt_tokens + parsed.max_tokens
             decision.grant = self.limiter.admit(tenant.name, model, tokens, now)
             decision.limit_headers = self.limiter.headers(decision.grant)
+        self.table.note_placed(model, placement.rows[0], parsed.prompt_tokens)
         decision.region = placement.names[0]
         decision.headers = [
             (hdr.DESTINATION_ENDPOINT, ",".join(placement.addresses)),

@@ -13,10 +13,17 @@ Then the order, which Envoy follows on retries (the n-th attempt goes to the
 n-th region, igw_envoy.global_front): regions below the spill-over saturation
 first, saturated ones after them (spill-over), each group by the policy:
 
-    cheapest-within-slo  regions predicted to meet the TTFT SLO (the summary's
-                         predicted TTFT + the measured RTT), cheapest first
-                         (ties: faster first), then the rest, fastest first
+    cheapest-within-slo  regions predicted to meet the TTFT SLO with
+                         `SLO_HEADROOM` to spare, cheapest first (ties: faster
+                         first), then the rest, fastest first
     fastest              fastest first
+
+The prediction per region (`predict`): the summary's predicted TTFT of a
+typical request, plus what differs for this one at the region's prefill speed
+(its own prompt against the typical one; the prompt tokens the router placed
+there since the summary's poll left, spread over the ready pods), plus the
+measured RTT. A summary without a prefill speed (an older Tier 1) gives the
+typical prediction + RTT alone.
 
 All of it is numpy over a few regions; nothing here waits or allocates per region.
 """
@@ -30,6 +37,12 @@ import numpy as np
 from contract.errors import NoEligibleRegion, echo
 from contract.global_config import ModelPolicy
 from globalrouter.regions import ModelView, RegionTable
+
+# Share of the SLO kept free for prediction error: a region counts as meeting the SLO
+# when predicted within (1 - SLO_HEADROOM) x SLO. The summary is up to a poll interval
+# old and the prediction is for a model of the pod, not the pod (bench/results/
+# global-cost.md; docs/benchmarks.md has what else was tried).
+SLO_HEADROOM = 0.15
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +81,10 @@ def place(
     now: float,
     count: int,
     allow_header: str | None = None,
+    prompt_tokens: int | None = None,
 ) -> Placement:
-    """Up to `count` regions for `model`, best first; NoEligibleRegion when none may."""
+    """Up to `count` regions for `model`, best first; NoEligibleRegion when none may.
+    `prompt_tokens`: this request's (None: predict for a typical one)."""
     keep = table.fresh(now)
     _require(keep, f"no region has a fresh load summary for model `{echo(model)}`")
     keep = keep & view.serves & view.ready
@@ -86,7 +101,7 @@ def place(
         _require(keep, f"no region allowed by x-gateway-regions "
                        f"({echo(allow_header or '', 100)!r}) can serve model `{echo(model)}` now")
     rows = np.flatnonzero(keep)
-    ttft = view.ttft_s[rows] + table.rtt_s[rows]
+    ttft = predict(table, model, view, rows, prompt_tokens)
     order = _order(rows, ttft, view, policy, table.config.spill_saturation)[:count]
     chosen = rows[order]
     first = float(ttft[order[0]])
@@ -95,8 +110,26 @@ def place(
         names=tuple(table.names[r] for r in chosen),
         addresses=tuple(table.addresses[r] for r in chosen),
         predicted_ttft_s=first,
-        meets_slo=first <= policy.ttft_slo_s,
+        meets_slo=first <= policy.ttft_slo_s * (1.0 - SLO_HEADROOM),
     )
+
+
+def predict(table: RegionTable, model: str, view: ModelView, rows: np.ndarray,
+            prompt_tokens: int | None) -> np.ndarray:
+    """Predicted TTFT at the client of this request on each of `rows` (the module
+    docstring says what is in it)."""
+    ttft = view.ttft_s[rows]
+    tps = view.prefill_tps[rows]
+    extra = np.zeros(len(rows))
+    pending = table.pending_tokens(model)
+    if pending is not None:
+        extra += pending[rows] / np.maximum(view.ready_pods[rows], 1.0)
+    if prompt_tokens is not None:
+        typical = view.typical_tokens[rows]
+        extra += np.where(typical > 0, prompt_tokens - typical, 0.0)
+    known = tps > 0
+    ttft = np.where(known, np.maximum(ttft + extra / np.where(known, tps, 1.0), 0.0), ttft)
+    return ttft + table.rtt_s[rows]
 
 
 def _require(mask: np.ndarray, message: str) -> None:
@@ -110,7 +143,7 @@ def _order(rows: np.ndarray, ttft: np.ndarray, view: ModelView, policy: ModelPol
     spilled = (view.saturation[rows] >= spill) | view.saturated[rows]
     if policy.policy == "fastest":
         return np.lexsort((ttft, spilled))
-    misses = ttft > policy.ttft_slo_s
+    misses = ttft > policy.ttft_slo_s * (1.0 - SLO_HEADROOM)
     # within the SLO: by cost; beyond it: cost does not matter, speed does
     cost = np.where(misses, 0.0, view.cost[rows])
     return np.lexsort((ttft, cost, misses, spilled))

@@ -86,6 +86,7 @@ class SummaryPoller:
         was_fresh = False
         while True:
             started = time.monotonic()
+            self.table.poll_sent(row)
             try:
                 summary = await self._fetch(session, url, region)
             except (aiohttp.ClientError, TimeoutError, OSError, SummaryError) as exc:
