@@ -35,6 +35,7 @@ import random
 import ssl
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -116,16 +117,18 @@ LEVELS = {
 }
 
 
-def workload(level: Level, duration: float, seed: int) -> list[RequestSpec]:
-    """The level's requests, seeded: every front gets the very same list."""
+def workload(level: Level, duration: float, seed: int, run: int = 0) -> list[RequestSpec]:
+    """The level's requests, seeded: every front gets the very same arrivals, lengths and
+    texts, each prompt led by its own `run` number (fixed width, so the same length):
+    a region's prefix cache keeps nothing of another front's run of the same list."""
     rng = random.Random(f"{seed}-{level.name}")
-    corpus = Corpus(random.Random(seed), chars=400_000)
+    corpus = Corpus(random.Random(f"{seed}-{level.name}-text"), chars=400_000)
     specs = []
     for i, at in enumerate(level.arrivals(rng, duration)):
         prompt = lognormal(rng, PROMPT_MEDIAN, PROMPT_SIGMA, *PROMPT_RANGE)
         output = lognormal(rng, OUTPUT_MEDIAN, OUTPUT_SIGMA, *OUTPUT_RANGE)
-        # the index first: no two prompts share a cached prefix
-        user = f"{i} {corpus.text_of(prompt)}"
+        # the run and the index first: no two prompts share a cached prefix
+        user = f"{run:03d}-{i:05d} {corpus.text_of(prompt)}"
         specs.append(RequestSpec(index=i, at=at, model=LLAMA, pool=LLAMA,
                                  body=chat_body(LLAMA, user, output),
                                  prompt_tokens=chat_prompt_tokens(user), max_tokens=output))
@@ -163,6 +166,10 @@ def summarize(results: list[Result], slo_s: float = SLO_S) -> dict[str, Any]:
         "cost_per_million": 1e6 * cost / tokens if tokens else None,
         "regions": {name: regions[name] for name in sorted(regions)},
         "lateness_p99_ms": _pct([r.lateness_ms for r in results], 0.99),
+        # every request, for a closer look: [arrival s, region, prompt tokens, TTFT ms]
+        "samples": [[r.scheduled_s, r.pod, r.prompt_tokens,
+                     None if r.ttft_s is None else round(1000 * r.ttft_s, 1)]
+                    for r in results],
     }
 
 
@@ -285,13 +292,43 @@ def _context(ca: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca))
 
 
-def drive(url: str, ca: Path, specs: list[RequestSpec]) -> list[Result]:
-    """The specs through one front, open loop, on fresh client connections."""
+def drive(url: str, ca: Path, specs: list[RequestSpec], status_url: str | None = None
+          ) -> tuple[list[Result], list[list[Any]]]:
+    """The specs through one front, open loop, on fresh client connections; with
+    `status_url`, what the demo router saw of each region meanwhile (every 0.5 s)."""
     path = f"{url}/v1/chat/completions"
     gen = LoadGenerator(specs, lambda _spec: path, ssl_context=_context(ca),
                         time_cap_s=max(s.at for s in specs) + TIME_CAP_S if specs else 1.0,
                         pod_header=hdr.REGION, clients=4)
-    return asyncio.run(gen.run())
+    seen: list[list[Any]] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(status_url, seen, stop), daemon=True)
+    if status_url is not None:
+        watcher.start()
+    try:
+        return asyncio.run(gen.run()), seen
+    finally:
+        stop.set()
+        if watcher.is_alive():
+            watcher.join(timeout=5)
+
+
+def _watch(status_url: str, seen: list[list[Any]], stop: threading.Event) -> None:
+    """[s since start, {region: [predicted TTFT s, prefill tokens/s, typical prompt,
+    saturation, RTT s]}] every 0.5 s until `stop`."""
+    started = time.monotonic()
+    while not stop.wait(0.5) and len(seen) < 2000:
+        try:
+            regions = _regions(status_url)
+        except (OSError, ValueError, KeyError):
+            continue
+        row = {}
+        for region in regions:
+            pool = next((p for p in region["pools"] if p["model"] == LLAMA), {})
+            row[region["name"]] = [pool.get("predictedTtftS"), pool.get("prefillTokensPerS"),
+                                   pool.get("typicalPromptTokens"), pool.get("saturation"),
+                                   region["rttS"]]
+        seen.append([round(time.monotonic() - started, 2), row])
 
 
 def warm_regions(world: World, seed: int) -> None:
@@ -302,7 +339,7 @@ def warm_regions(world: World, seed: int) -> None:
     rng = random.Random(seed)
     corpus = Corpus(rng, chars=50_000)
     lengths = [lognormal(rng, PROMPT_MEDIAN, 0.3, 64, 800) for _ in range(WARM_PER_REGION)]
-    bodies = [chat_body(LLAMA, f"warm {i} {corpus.text_of(n)}", WARM_OUTPUT_TOKENS)
+    bodies = [chat_body(LLAMA, f"warm {seed}-{i} {corpus.text_of(n)}", WARM_OUTPUT_TOKENS)
               for i, n in enumerate(lengths)]
     asyncio.run(_pinned(world, bodies))
 
@@ -328,19 +365,21 @@ def run(world: World, fronts: tuple[str, ...], levels: list[Level], duration: fl
         seed: int, progress: bool = True) -> list[dict[str, Any]]:
     """Every level, every front in turn on the same idle regions; one row per pair."""
     rows: list[dict[str, Any]] = []
-    warm = workload(Level("warm", WARMUP_RATE), WARMUP_S, seed + 2000)
-    for level in levels:
-        specs = workload(level, duration, seed)
-        for front in fronts:
+    warm = Level("warm", WARMUP_RATE)
+    for li, level in enumerate(levels):
+        for fi, front in enumerate(fronts):
+            run_index = 1 + li * len(fronts) + fi  # every warm-up text unseen, too
+            specs = workload(level, duration, seed, run_index)
             settle(world.status_url)
-            drive(world.urls[front], world.ca, warm)
-            warm_regions(world, seed)
+            drive(world.urls[front], world.ca, workload(warm, WARMUP_S, seed, run_index))
+            warm_regions(world, seed + run_index)
             settle(world.status_url)
             if progress:
                 print(f"global cost: {level.name} ({len(specs)} requests) via {front}",
                       flush=True)
-            results = drive(world.urls[front], world.ca, specs)
-            rows.append({"level": level.name, "front": front, **summarize(results)})
+            results, seen = drive(world.urls[front], world.ca, specs, world.status_url)
+            rows.append({"level": level.name, "front": front, **summarize(results),
+                         "router_view": seen})
         _relative(rows, level.name)
     return rows
 
