@@ -421,6 +421,13 @@ def render(doc: dict[str, Any]) -> str:
         f"{doc['duration_s']:g} s of seeded open-loop arrivals (seed {doc['seed']}), the "
         "same ones through every front. Cost = (prompt + completion tokens) x the serving "
         "region's price; a failed request counts as outside the SLO.", "",
+        "Fronts: `cheapest-within-slo` and `fastest` are the global router (the demo's "
+        "`igw global up`, and a second `igw global serve` on the same regions with "
+        "`fastest`); `priority` is plain Envoy with one priority per region, us-east-1 "
+        "first, then us-west-2, then eu-west-1 (bench/priority_front.py: TLS per region, "
+        "health checks, outlier detection, retries to another priority on connect "
+        "failure, reset or 5xx); `priority-cheap` the same with the cheapest region "
+        "first.", "",
         "Idle, after the warm-up, the demo router saw: " + "; ".join(
             f"{name} RTT {v['rtt_s'] * 1000:.0f} ms, predicted TTFT "
             f"{_f(v['predicted_ttft_s'] and v['predicted_ttft_s'] * 1000, '.0f')} ms for a "
@@ -455,10 +462,16 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma list of: {', '.join(FRONTS)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--rerender", action="store_true",
+                        help="rewrite global-cost.md from the global-cost.json in --out")
     parser.add_argument("--views", action="store_true",
                         help="record what the demo router saw of each region every 0.5 s")
     parser.add_argument("--work", type=Path, default=None, help="scratch dir (default: temp)")
     args = parser.parse_args(argv)
+    if args.rerender:
+        doc = json.loads((args.out / "global-cost.json").read_text())
+        write_results(args.out, "global-cost", doc, render(doc))
+        return 0
     levels = [LEVELS[name] for name in args.levels.split(",")]
     fronts = tuple(args.fronts.split(","))
     unknown = set(fronts) - set(FRONTS)
