@@ -11,6 +11,7 @@
     igw bench --family 4 --twin-check --out DIR    # the twin against it
     igw bench --ext-proc-servers                   # grpc.aio vs grpclib vs ours behind Envoy
     igw bench --guidellm-check --guidellm PATH     # TTFT cross-check with guidellm
+    igw bench --global-cost --duration 30          # the global router's cost vs fastest
 
 Results: bench/results/REPORT.md (+ <scenario>.json, PNG plots) for a full run;
 a partial run writes to bench/results/partial/ unless --out says otherwise.
@@ -74,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(bench/ext_proc_servers.py) instead")
     p.add_argument("--guidellm-check", action="store_true",
                    help="cross-check our TTFT against guidellm (bench/guidellm_check.py)")
+    p.add_argument("--global-cost", action="store_true",
+                   help="cheapest-within-slo vs fastest vs an Envoy priority front on the "
+                        "`igw global up` demo (bench/global_cost.py); --duration per level "
+                        "and front, --seed; results to bench/results/global-cost.md")
     p.add_argument("--guidellm", default=None, help="guidellm executable for --guidellm-check")
     p.add_argument("--replay", action="store_true",
                    help="print the perfect-information replay (bench/replay.py) of --scenario "
@@ -148,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
 
         extra = ["--guidellm", args.guidellm] if args.guidellm else []
         return check_main((["--out", str(args.out)] if args.out else []) + extra)
+    if args.global_cost:
+        from bench.global_cost import main as cost_main
+
+        extra = ["--duration", f"{args.duration:g}"] if args.duration else []
+        extra += ["--seed", str(args.seed)] + (["--out", str(args.out)] if args.out else [])
+        return cost_main(extra)
     if args.rerender:
         return rerender(args.out or RESULTS)
     if args.replay:

@@ -12,7 +12,8 @@
 - **Per request:** TTFT = first chunk carrying content (not the role-only chunk);
   end-to-end latency = last byte; output tokens from the final usage chunk
   (`stream_options.include_usage`), else counted chunks; HTTP status; the pod that
-  served it (`x-sim-pod`, when the router passes it through).
+  served it (`x-sim-pod`, when the router passes it through; or another header,
+  `pod_header`, e.g. the global tier's `x-gateway-region`).
 - **Its own health:** lateness of every send (actual send − scheduled time, wall ms) is
   recorded, so a report can show the generator kept up.
 - **Shared:** `send_open_loop` and `settle` (the schedule, the cap, the time cap) also drive
@@ -163,8 +164,10 @@ class LoadGenerator:
         on_done: Callable[[Result], None] | None = None,
         request_timeout_s: float | None = None,
         clients: int = 1,
+        pod_header: str = "x-sim-pod",
     ) -> None:
         self.specs = list(specs)
+        self.pod_header = pod_header
         self.client_of = clients_of(len(self.specs), clients)
         self.url_for = url_for
         self.scale = time_scale
@@ -258,7 +261,7 @@ class LoadGenerator:
         try:
             async with session.post(self.url_for(spec), data=spec.body, headers=HEADERS) as resp:
                 status = resp.status
-                pod = resp.headers.get("x-sim-pod", "")
+                pod = resp.headers.get(self.pod_header, "")
                 if status != 200:
                     await resp.read()
                     error = f"http {status}"

@@ -110,11 +110,13 @@ class GlobalDirector:
         hashes = prefix_hashes(model, parsed.prompt, MAX_PREFIX_BLOCKS).tolist()
         placement = place(self.table, model, view, self.config.policy_for(model),
                           allow_list(self.table, info.regions), now, self.count, info.regions,
-                          session_row, self.affinity.matched(hashes, len(parsed.prompt)))
+                          prompt_tokens=parsed.prompt_tokens, session_row=session_row,
+                          cached=self.affinity.matched(hashes, len(parsed.prompt)))
         if tenant is not None and self.limiter is not None:
             tokens = parsed.prompt_tokens + parsed.max_tokens
             decision.grant = self.limiter.admit(tenant.name, model, tokens, now)
             decision.limit_headers = self.limiter.headers(decision.grant)
+        self.table.note_placed(model, placement.rows[0], parsed.prompt_tokens)
         decision.region = placement.names[0]
         if self.affinity.record(info.session, hashes, placement.rows[0], now) and (
                 self.session_sync is not None):

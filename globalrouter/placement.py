@@ -15,14 +15,22 @@ last poll failed or was slow, or whose poll is overdue, RegionTable.suspect),
 then regions below the spill-over saturation before saturated ones (spill-over),
 each group by the policy:
 
-    cheapest-within-slo  regions predicted to meet the TTFT SLO (the summary's
-                         predicted TTFT + the measured RTT), cheapest first
-                         (ties: faster first), then the rest, fastest first
+    cheapest-within-slo  regions predicted to meet the TTFT SLO with
+                         `SLO_HEADROOM` to spare, cheapest first (ties: faster
+                         first), then the rest, fastest first
     fastest              fastest first
 
+The prediction per region (`predict`): the summary's predicted TTFT of a
+typical request, plus what differs for this one at the region's prefill speed
+(its own prompt against the typical one; the prompt tokens the router placed
+there since the summary's poll left, spread over the ready pods), plus the
+measured RTT. A summary without a prefill speed (an older Tier 1) gives the
+typical prediction + RTT alone.
+
 Affinity (globalrouter.affinity) enters twice. A prefix the router sent to a
-region before makes that region's prediction shorter by the matched share of the
-prompt, when nothing waits there, before the policy orders. A session's region
+region before takes its matched share of this prompt off the prediction, when
+nothing waits there (at the region's prefill speed; without one, that share of
+the predicted TTFT), before the policy orders. A session's region
 is then moved to the front if it is neither saturated nor suspect and its prediction meets the
 SLO: a conversation stays while its region is good enough, whatever the policy
 would pick for a new one.
@@ -39,6 +47,12 @@ import numpy as np
 from contract.errors import NoEligibleRegion, echo
 from contract.global_config import ModelPolicy
 from globalrouter.regions import ModelView, RegionTable
+
+# Share of the SLO kept free for prediction error: a region counts as meeting the SLO
+# when predicted within (1 - SLO_HEADROOM) x SLO. The summary is up to a poll interval
+# old and the prediction is for a model of the pod, not the pod (bench/results/
+# global-cost.md; docs/benchmarks.md has what else was tried).
+SLO_HEADROOM = 0.15
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +94,15 @@ def place(
     now: float,
     count: int,
     allow_header: str | None = None,
+    prompt_tokens: int | None = None,
     session_row: int = -1,
     cached: np.ndarray | None = None,
 ) -> Placement:
     """Up to `count` regions for `model`, best first; NoEligibleRegion when none may.
 
-    `session_row`: the region of the request's session (-1: none); `cached`: per
-    region, the share of the prompt it holds (None: nowhere)."""
+    `prompt_tokens`: this request's (None: predict for a typical one); `session_row`:
+    the region of the request's session (-1: none); `cached`: per region, the share of
+    the prompt it holds (None: nowhere)."""
     keep = table.fresh(now)
     _require(keep, f"no region has a fresh load summary for model `{echo(model)}`")
     keep = keep & view.serves & view.ready
@@ -103,10 +119,7 @@ def place(
         _require(keep, f"no region allowed by x-gateway-regions "
                        f"({echo(allow_header or '', 100)!r}) can serve model `{echo(model)}` now")
     rows = np.flatnonzero(keep)
-    ttft = view.ttft_s[rows]
-    if cached is not None:  # a cached prefix shortens the prefill, not a queue
-        ttft = ttft * (1.0 - np.where(view.waiting[rows], 0.0, cached[rows]))
-    ttft = ttft + table.rtt_s[rows]
+    ttft = predict(table, model, view, rows, prompt_tokens, cached)
     spilled = (view.saturation[rows] >= table.config.spill_saturation) | view.saturated[rows]
     suspect = table.suspect(now)[rows]
     order = _order(ttft, spilled, suspect, view.cost[rows], policy)
@@ -124,9 +137,38 @@ def place(
         names=tuple(table.names[r] for r in chosen),
         addresses=tuple(table.addresses[r] for r in chosen),
         predicted_ttft_s=first,
-        meets_slo=first <= policy.ttft_slo_s,
+        meets_slo=first <= _slo(policy),
         affinity=affinity,
     )
+
+
+def predict(table: RegionTable, model: str, view: ModelView, rows: np.ndarray,
+            prompt_tokens: int | None, cached: np.ndarray | None = None) -> np.ndarray:
+    """Predicted TTFT at the client of this request on each of `rows` (the module
+    docstring says what is in it). `cached`: per region, the share of the prompt it
+    holds; it shortens the prefill, not a queue, so it counts only where nothing waits."""
+    ttft = view.ttft_s[rows]
+    tps = view.prefill_tps[rows]
+    share = None if cached is None else np.where(view.waiting[rows], 0.0, cached[rows])
+    extra = np.zeros(len(rows))
+    pending = table.pending_tokens(model)
+    if pending is not None:
+        extra += pending[rows] / np.maximum(view.ready_pods[rows], 1.0)
+    if prompt_tokens is not None:
+        typical = view.typical_tokens[rows]
+        extra += np.where(typical > 0, prompt_tokens - typical, 0.0)
+        if share is not None:
+            extra -= prompt_tokens * share
+    known = tps > 0
+    # without a speed to count tokens at: that share of the typical prediction
+    unknown = ttft if share is None else ttft * (1.0 - share)
+    ttft = np.where(known, np.maximum(ttft + extra / np.where(known, tps, 1.0), 0.0), unknown)
+    return ttft + table.rtt_s[rows]
+
+
+def _slo(policy: ModelPolicy) -> float:
+    """The predicted TTFT a region must stay within to count as meeting the SLO."""
+    return policy.ttft_slo_s * (1.0 - SLO_HEADROOM)
 
 
 def _require(mask: np.ndarray, message: str) -> None:
@@ -139,7 +181,7 @@ def _order(ttft: np.ndarray, spilled: np.ndarray, suspect: np.ndarray, cost: np.
     """Positions into the eligible rows, best first (see the module docstring)."""
     if policy.policy == "fastest":
         return np.lexsort((ttft, spilled, suspect))
-    misses = ttft > policy.ttft_slo_s
+    misses = ttft > _slo(policy)
     # within the SLO: by cost; beyond it: cost does not matter, speed does
     cost = np.where(misses, 0.0, cost)
     return np.lexsort((ttft, cost, misses, spilled, suspect))
@@ -150,7 +192,7 @@ def _keep_session(order: np.ndarray, rows: np.ndarray, session_row: int, ttft: n
     """The session's region first if it qualifies (not saturated nor suspect, predicted
     within the SLO); the order and what affinity did."""
     at = np.flatnonzero(rows == session_row)
-    if at.size == 0 or passed_over[at[0]] or ttft[at[0]] > policy.ttft_slo_s:
+    if at.size == 0 or passed_over[at[0]] or ttft[at[0]] > _slo(policy):
         return order, "moved"
     pos = at[0]
     return np.concatenate((at, order[order != pos])), "session"

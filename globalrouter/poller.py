@@ -93,6 +93,7 @@ class SummaryPoller:
         while True:
             started = time.monotonic()
             self.table.poll_started_at(row, started)
+            self.table.poll_sent(row)
             try:
                 summary = await self._fetch(session, url, region)
             except (aiohttp.ClientError, TimeoutError, OSError, SummaryError) as exc:

@@ -5,7 +5,9 @@ region's load summary says (picker.load_summary) and how long the poll took;
 `rebuild` turns the latest summaries into one `ModelView` per served model
 name (base models and LoRA adapters alike), arrays over the same rows, so a
 request's placement is a handful of numpy operations and never walks the
-summaries. Everything here runs off the request path except reading.
+summaries. Everything here runs off the request path except reading, and
+`note_placed`: the prompt tokens the router placed on a region since the poll
+whose summary it last read, which that summary cannot show yet.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class ModelView:
     saturated: np.ndarray  # bool: the Tier-1 picker says the pool is saturated
     waiting: np.ndarray  # bool: requests wait there (its admission queue or engines)
     cost: np.ndarray  # the region's price for the name (inf: not priced)
+    typical_tokens: np.ndarray  # the prompt `ttft_s` is for (0: unknown)
+    prefill_tps: np.ndarray  # the prefill speed of the pod `ttft_s` is for (0: unknown)
+    ready_pods: np.ndarray  # ready pods of the pool (how placed work spreads)
 
 
 @dataclass
@@ -77,6 +82,10 @@ class RegionTable:
         self.suspect_after_s = np.full(n, self._suspect_bound(0.0))
         self.doubted = np.zeros(n, dtype=bool)
         self.views: dict[str, ModelView] = {}
+        # per model name: prompt tokens placed per region since the last summary was
+        # asked for (`pending`), and at the time the poll in flight was sent (`_sent`)
+        self.pending: dict[str, np.ndarray] = {}
+        self._sent: dict[str, np.ndarray] = {}
         self._residency: dict[tuple[str, ...], np.ndarray] = {}
 
     def __len__(self) -> int:
@@ -102,6 +111,18 @@ class RegionTable:
         """A poll of the region went out: from now on its age is watched per request."""
         self.poll_started[row] = now
 
+    def poll_sent(self, row: int) -> None:
+        """A poll of `row` leaves now: what was placed there so far, its summary will
+        show (or a later one); what is placed from now on, it may not."""
+        for name, pending in self.pending.items():
+            self._sent[name][row] = pending[row]
+
+    def _absorb(self, row: int) -> None:
+        """A summary of `row` arrived: the work placed before its poll left is in it."""
+        for name, pending in self.pending.items():
+            pending[row] = max(0.0, pending[row] - self._sent[name][row])
+            self._sent[name][row] = 0.0
+
     def record_ok(self, row: int, summary: dict[str, Any], rtt_s: float, now: float) -> None:
         """A summary arrived; it counts as fresh only if its generation moved (a picker
         whose rebuild loop is stuck keeps answering the same document)."""
@@ -123,6 +144,7 @@ class RegionTable:
         elif not summary.get("serving", False):
             status.last_ok = -math.inf
         status.summary = summary
+        self._absorb(row)
         self._refresh_row(row)
         self.rebuild()
 
@@ -174,9 +196,25 @@ class RegionTable:
             saturated=np.zeros(n, dtype=bool),
             waiting=np.zeros(n, dtype=bool),
             cost=cost,
+            typical_tokens=np.zeros(n),
+            prefill_tps=np.zeros(n),
+            ready_pods=np.zeros(n),
         )
 
-    # -- read per request -----------------------------------------------------------
+    # -- per request ----------------------------------------------------------------
+
+    def note_placed(self, model: str, row: int, prompt_tokens: int) -> None:
+        """The router placed a request of `prompt_tokens` on `row` (its first choice)."""
+        pending = self.pending.get(model)
+        if pending is None:
+            pending = self.pending[model] = np.zeros(len(self.names))
+            self._sent[model] = np.zeros(len(self.names))
+        pending[row] += max(prompt_tokens, 0)
+
+    def pending_tokens(self, model: str) -> np.ndarray | None:
+        """Prompt tokens placed per region that no summary read so far shows (None: none
+        placed yet)."""
+        return self.pending.get(model)
 
     def fresh(self, now: float) -> np.ndarray:
         """Bool per region: its last poll succeeded and its summary is not stale."""
@@ -244,6 +282,9 @@ def _fill(view: ModelView, row: int, pool: dict[str, Any]) -> None:
     view.saturation[row] = _number(pool.get("saturation"))
     view.saturated[row] = pool.get("saturated") is True
     view.waiting[row] = _number(pool.get("queueLength")) + _number(pool.get("engineWaiting")) > 0
+    view.typical_tokens[row] = _number(pool.get("typicalPromptTokens"))
+    view.prefill_tps[row] = _number(pool.get("prefillTokensPerS"))
+    view.ready_pods[row] = _number(pool.get("readyPods"))
 
 
 def _number(value: Any) -> float:

@@ -54,6 +54,7 @@ def pool_summary(director: Director, name: str, now: float) -> dict[str, Any]:
     work = committed(state, now)
     typical = SchedulingRequest(model=pool.config.model_name)
     typical.prompt_tokens = int(state.prompt_estimate(typical))
+    ttft, tps = _typical_ttft(director, name, typical, now)
     return {
         "pool": name,
         "model": pool.config.model_name,
@@ -67,23 +68,27 @@ def pool_summary(director: Director, name: str, now: float) -> dict[str, Any]:
         "committedPrefillTokens": round(work.prefill_tokens, 1),
         "saturation": round(work.saturation, 4),
         "saturated": director.saturated(pool, now),
-        "predictedTtftS": _typical_ttft(director, name, typical, now),
+        "predictedTtftS": ttft,
         "typicalPromptTokens": typical.prompt_tokens,
+        "prefillTokensPerS": tps,
     }
 
 
 def _typical_ttft(director: Director, name: str, typical: SchedulingRequest, now: float
-                  ) -> float | None:
+                  ) -> tuple[float | None, float | None]:
     """Predicted TTFT of `typical` on the pod it would get now (the best routable one,
-    by the predictedLatency model, no prefix hit); None when no pod is routable."""
+    by the predictedLatency model, no prefix hit), and that pod's prefill speed (tokens/s:
+    the global router scales the prediction to each request's own prompt with it);
+    None, None when no pod is routable."""
     pool = director.datastore.pools[name]
     state = director.schedulers[name].state
     rows = routable_rows(state, now)
     if not len(rows):
-        return None
+        return None, None
     ctx = ScoringContext(pool, state, typical, rows, now)
     ttft = predicted_ttft(ctx, float(DEFAULT_BATCH_CAPACITY))
-    return round(float(np.min(ttft)), 4)
+    best = int(np.argmin(ttft))
+    return round(float(ttft[best]), 4), round(float(ctx.speeds()[0][best]), 1)
 
 
 class LoadSummary:

@@ -340,11 +340,13 @@ def test_load_summary_for_the_global_router(stack, http):
     assert llama["model"] == LLAMA and llama["adapters"] == ADAPTERS
     assert llama["pods"] == llama["readyPods"] == len(fleet.addresses(LLAMA))
     assert 0 < llama["predictedTtftS"] < 10
+    assert llama["prefillTokensPerS"] > 0  # the global router scales to a prompt with it
     assert llama["saturated"] is False and 0 <= llama["saturation"] < 1
     for key in ("queueLength", "engineWaiting", "running", "committedRequests",
                 "committedPrefillTokens", "typicalPromptTokens"):
         assert llama[key] >= 0, key
     assert pools["dead"]["readyPods"] == 0 and pools["dead"]["predictedTtftS"] is None
+    assert pools["dead"]["prefillTokensPerS"] is None
     deadline = time.monotonic() + 10
     while http.get(hdr.LOAD_SUMMARY_PATH).json()["generation"] == doc["generation"]:
         assert time.monotonic() < deadline, "the summary is never rebuilt"

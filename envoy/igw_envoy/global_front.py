@@ -173,7 +173,7 @@ def region_route_action(config: GlobalRouterConfig) -> dict:
     return action
 
 
-def _served_by() -> list[dict]:
+def served_by() -> list[dict]:
     """`x-gateway-region`: the name in the metadata of the endpoint that answered."""
     return [{
         "header": {
@@ -188,7 +188,7 @@ def global_route_config(config: GlobalRouterConfig) -> dict:
     """Health, the one-message inference routes, then everything else (two messages:
     the router answers what the headers alone decide, as Tier 1's picker does)."""
     limit = config.bbr.max_request_body_bytes
-    answer = _served_by()
+    answer = served_by()
     if config.tenants is not None:
         answer += rate_limit_headers()
     action = {"route": region_route_action(config), "response_headers_to_add": answer}
