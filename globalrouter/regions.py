@@ -69,8 +69,8 @@ class RegionTable:
         self.rtt_s = np.zeros(n)
         self.fresh_until = np.full(n, -math.inf)
         self.views: dict[str, ModelView] = {}
-        # per model name: prompt tokens placed per region since the last summary was
-        # asked for (`pending`), and at the time the poll in flight was sent (`_sent`)
+        # per model name: prompt tokens placed per region that no summary read so far
+        # can show (`pending`), and how many of them the poll in flight will (`_sent`)
         self.pending: dict[str, np.ndarray] = {}
         self._sent: dict[str, np.ndarray] = {}
         self._residency: dict[tuple[str, ...], np.ndarray] = {}
