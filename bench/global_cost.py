@@ -419,7 +419,8 @@ def render(doc: dict[str, Any]) -> str:
         f"prompts log-normal (median {PROMPT_MEDIAN} tokens, sigma {PROMPT_SIGMA}), "
         f"answers log-normal (median {OUTPUT_MEDIAN}, sigma {OUTPUT_SIGMA}), "
         f"{doc['duration_s']:g} s of seeded open-loop arrivals (seed {doc['seed']}), the "
-        "same ones through every front. Cost = (prompt + completion tokens) x the serving "
+        "same ones through every front (each prompt led by its run's number, so no front "
+        "finds another's in a prefix cache). Cost = (prompt + completion tokens) x the serving "
         "region's price; a failed request counts as outside the SLO.", "",
         "Fronts: `cheapest-within-slo` and `fastest` are the global router (the demo's "
         "`igw global up`, and a second `igw global serve` on the same regions with "

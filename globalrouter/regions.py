@@ -82,8 +82,8 @@ class RegionTable:
         self.suspect_after_s = np.full(n, self._suspect_bound(0.0))
         self.doubted = np.zeros(n, dtype=bool)
         self.views: dict[str, ModelView] = {}
-        # per model name: prompt tokens placed per region since the last summary was
-        # asked for (`pending`), and at the time the poll in flight was sent (`_sent`)
+        # per model name: prompt tokens placed per region that no summary read so far
+        # can show (`pending`), and how many of them the poll in flight will (`_sent`)
         self.pending: dict[str, np.ndarray] = {}
         self._sent: dict[str, np.ndarray] = {}
         self._residency: dict[tuple[str, ...], np.ndarray] = {}
