@@ -36,6 +36,9 @@ log = logging.getLogger("globalrouter.director")
 
 # Prefix blocks hashed per request (64 characters each): as Tier 1 (picker.director).
 MAX_PREFIX_BLOCKS = 2048
+# Prompts shorter than this (characters, ~256 tokens) have no prefix affinity here: their
+# prefill is a few milliseconds anywhere, not worth a region, and hashing them is not free.
+MIN_AFFINITY_CHARS = 1024
 
 
 @dataclass(slots=True)
@@ -107,7 +110,8 @@ class GlobalDirector:
             raise ModelNotFound(model)
         decision = GlobalDecision(model=model, started=now, tenant=tenant)
         session_row = self.affinity.session_row(info.session, now)
-        hashes = prefix_hashes(model, parsed.prompt, MAX_PREFIX_BLOCKS).tolist()
+        hashes = (prefix_hashes(model, parsed.prompt, MAX_PREFIX_BLOCKS).tolist()
+                  if len(parsed.prompt) >= MIN_AFFINITY_CHARS else [])
         placement = place(self.table, model, view, self.config.policy_for(model),
                           allow_list(self.table, info.regions), now, self.count, info.regions,
                           prompt_tokens=parsed.prompt_tokens, session_row=session_row,

@@ -41,6 +41,7 @@ All of it is numpy over a few regions; nothing here waits or allocates per regio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 
@@ -104,20 +105,25 @@ def place(
     the region of the request's session (-1: none); `cached`: per region, the share of
     the prompt it holds (None: nowhere)."""
     keep = table.fresh(now)
-    _require(keep, f"no region has a fresh load summary for model `{echo(model)}`")
+    if not keep.any():
+        _refuse(f"no region has a fresh load summary for model `{echo(model)}`")
     keep = keep & view.serves & view.ready
-    _require(keep, f"no healthy region has a ready pod for model `{echo(model)}`")
+    if not keep.any():
+        _refuse(f"no healthy region has a ready pod for model `{echo(model)}`")
     keep &= ~table.drained
-    _require(keep, f"every region serving model `{echo(model)}` is drained")
+    if not keep.any():
+        _refuse(f"every region serving model `{echo(model)}` is drained")
     residency = table.residency_mask(policy)
     if residency is not None:
         keep &= residency
-        _require(keep, f"no region with residency {', '.join(policy.residency)} can serve "
-                       f"model `{echo(model)}` now")
+        if not keep.any():
+            _refuse(f"no region with residency {', '.join(policy.residency)} can serve "
+                    f"model `{echo(model)}` now")
     if allowed is not None:
         keep &= allowed
-        _require(keep, f"no region allowed by x-gateway-regions "
-                       f"({echo(allow_header or '', 100)!r}) can serve model `{echo(model)}` now")
+        if not keep.any():
+            _refuse(f"no region allowed by x-gateway-regions "
+                    f"({echo(allow_header or '', 100)!r}) can serve model `{echo(model)}` now")
     rows = np.flatnonzero(keep)
     ttft = predict(table, model, view, rows, prompt_tokens, cached)
     spilled = (view.saturation[rows] >= table.config.spill_saturation) | view.saturated[rows]
@@ -171,9 +177,9 @@ def _slo(policy: ModelPolicy) -> float:
     return policy.ttft_slo_s * (1.0 - SLO_HEADROOM)
 
 
-def _require(mask: np.ndarray, message: str) -> None:
-    if not mask.any():
-        raise NoEligibleRegion(message)
+def _refuse(message: str) -> NoReturn:
+    """A filter left no region (the message is built only then: not per request)."""
+    raise NoEligibleRegion(message)
 
 
 def _order(ttft: np.ndarray, spilled: np.ndarray, suspect: np.ndarray, cost: np.ndarray,

@@ -224,8 +224,8 @@ class RegionTable:
         """Bool per region: its last poll failed or was slow, or the poll out now is
         overdue (older than its RTT-derived bound). Placement puts these last; a region
         stays placeable while every region is suspect (the router itself stalled)."""
-        with np.errstate(invalid="ignore"):
-            return self.doubted | (now - self.poll_started > self.suspect_after_s)
+        # no poll out: NaN, and a comparison with NaN is False (numpy warns on none)
+        return self.doubted | (now - self.poll_started > self.suspect_after_s)
 
     def residency_mask(self, policy: ModelPolicy) -> np.ndarray | None:
         """Bool per region allowed by the policy's residencies (None: no constraint);
