@@ -92,8 +92,7 @@ class SummaryPoller:
         was_fresh = False
         while True:
             started = time.monotonic()
-            self.table.poll_started_at(row, started)
-            self.table.poll_sent(row)
+            self.table.poll_sent(row, started)
             try:
                 summary = await self._fetch(session, url, region)
             except (aiohttp.ClientError, TimeoutError, OSError, SummaryError) as exc:

@@ -107,13 +107,11 @@ class RegionTable:
         timeout = self.config.polling.timeout_s
         return min(max(SUSPECT_FLOOR_S, SUSPECT_RTTS * rtt_s), timeout)
 
-    def poll_started_at(self, row: int, now: float) -> None:
-        """A poll of the region went out: from now on its age is watched per request."""
+    def poll_sent(self, row: int, now: float) -> None:
+        """A poll of `row` leaves now: from now on its age is watched per request (suspect
+        regions); what was placed there so far, its summary will show (or a later one),
+        what is placed from now on, it may not."""
         self.poll_started[row] = now
-
-    def poll_sent(self, row: int) -> None:
-        """A poll of `row` leaves now: what was placed there so far, its summary will
-        show (or a later one); what is placed from now on, it may not."""
         for name, pending in self.pending.items():
             self._sent[name][row] = pending[row]
 

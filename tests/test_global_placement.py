@@ -211,7 +211,7 @@ def test_an_overdue_poll_makes_the_region_suspect_and_placed_last():
     table = _table()
     _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30}, {"far": 0.05})
     far = table.index["far"]
-    table.poll_started_at(far, NOW)
+    table.poll_sent(far, NOW)
     assert _place(table, now=NOW + 0.25).names[0] == "far"  # within the floor
     assert _place(table, now=NOW + 0.35).names == ("mid", "near", "far")
     assert table.fresh(NOW + 0.35)[far]  # still fresh: a fallback of last resort
@@ -224,12 +224,12 @@ def test_the_suspect_bound_follows_the_region_rtt_up_to_the_timeout():
     table = _table()
     _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.05}, {"far": 0.2})
     far = table.index["far"]
-    table.poll_started_at(far, NOW)
+    table.poll_sent(far, NOW)
     assert not table.suspect(NOW + 0.75)[far]  # 4 x 200 ms
     assert table.suspect(NOW + 0.85)[far]
     _feed(table, {"far": 0.05}, {"far": 0.6}, generation=2)
     _feed(table, {"far": 0.05}, {"far": 0.6}, generation=3)
-    table.poll_started_at(far, NOW)
+    table.poll_sent(far, NOW)
     assert table.suspect_after_s[far] == table.config.polling.timeout_s  # capped at 1 s
     assert table.suspect(NOW + 1.05)[far]
 
@@ -267,7 +267,7 @@ def test_when_every_region_is_suspect_the_policy_order_stands():
     table = _table()
     _feed(table, {"near": 0.05, "mid": 0.10, "far": 0.30}, {"far": 0.05})
     for row in range(len(table)):
-        table.poll_started_at(row, NOW)
+        table.poll_sent(row, NOW)
     assert table.suspect(NOW + 0.9).all()
     assert _place(table, now=NOW + 0.9).names == ("far", "mid", "near")
 

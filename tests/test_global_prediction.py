@@ -85,7 +85,7 @@ def test_work_placed_since_the_poll_left_counts_until_a_summary_shows_it():
     assert predict(table, M, table.views[M], _rows(table), 400)[far] == pytest.approx(
         before + 0.6)
     assert _place(table, 400).names[0] == "mid"
-    table.poll_sent(far)  # this poll's summary will show those three
+    table.poll_sent(far, NOW)  # this poll's summary will show those three
     table.note_placed(M, far, 400)  # this one it may not
     table.record_ok(far, _speedy(0.30, 1_000, generation=2), 0.10, NOW)
     assert table.pending_tokens(M)[far] == pytest.approx(400)
@@ -97,7 +97,7 @@ def test_a_failed_poll_keeps_the_placed_work():
     table = _world()
     far = table.index["far"]
     table.note_placed(M, far, 1_000)
-    table.poll_sent(far)
+    table.poll_sent(far, NOW)
     table.record_failure(far, "TimeoutError", definite=False)
     assert table.pending_tokens(M)[far] == pytest.approx(1_000)
 
