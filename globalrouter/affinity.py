@@ -13,8 +13,8 @@ both bounded, both written at placement (off no network, on no lock):
                rows, `spec.affinity.prefixBlocksPerRegion` blocks per region
 
 How placement uses them (globalrouter.placement): a session is sticky, its region
-goes first while it passes every filter, is not saturated and is predicted to
-meet the model's SLO. A prefix is not sticky: it makes the prediction better, the
+goes first while it passes every filter, is neither saturated nor suspect and is
+predicted to meet the model's SLO. A prefix is not sticky: it makes the prediction better, the
 matched share of the prompt taken off the region's predicted TTFT when nothing
 waits there (a cached prefix shortens the prefill, not a queue). So a prompt
 shared by everyone (a system prompt) glues no traffic to the region that saw it

@@ -32,11 +32,11 @@ def downstream_tls(sds_dir: Path, tls: TlsConfig | None = None) -> dict:
     with `clientCaFile`, client certificates verified against it (mutual TLS), required
     of every connection with `requireClientCertificate`."""
     sources: dict = {"tls_certificate_sds_secret_configs": [sds_config(sds_dir)]}
-    if tls is not None and tls.client_ca_file:
-        sources["validation_context"] = {"trusted_ca": {"filename": tls.client_ca_file}}
+    if tls is None or not tls.client_ca_file:
+        return downstream_tls_socket(sources)
+    sources["validation_context"] = {"trusted_ca": {"filename": tls.client_ca_file}}
     socket = downstream_tls_socket(sources)
-    if tls is not None and tls.client_ca_file:
-        socket["typed_config"]["require_client_certificate"] = tls.require_client_certificate
+    socket["typed_config"]["require_client_certificate"] = tls.require_client_certificate
     return socket
 
 
