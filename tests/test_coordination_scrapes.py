@@ -652,7 +652,9 @@ async def test_host_clock_skew_neither_ages_results_nor_kills_peers(stand_ins):
             fallbacks = a.sharing.stats.fallbacks + b.sharing.stats.fallbacks
             await asyncio.sleep(1.0)
             assert settled(a, b)
-            assert a.sharing.stats.fallbacks + b.sharing.stats.fallbacks <= fallbacks + 2
+            # Aged by the wall clocks, b would fall back on its 3 unowned pods at every
+            # tick (~60 in this second); a stall of a loaded host may cost each pod one.
+            assert a.sharing.stats.fallbacks + b.sharing.stats.fallbacks <= fallbacks + PODS
             assert abs(b.coordinator.clock.offset_s + 2.0) < 0.05
             assert b.coordinator.stats.lag_s < 0.3 and a.coordinator.stats.lag_s < 0.3
         finally:
