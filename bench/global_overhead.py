@@ -1,15 +1,30 @@
 """What the global tier adds per request, next to what Tier 1 itself costs.
 
-    python -m bench.global_overhead [--duration 8]
+    python -m bench.global_overhead [--duration 8] [--rounds 4]
 
 Backend: bench/echo_server.py (a one-token answer that costs nothing). In front of it a
 real Tier-1 gateway (`igw serve`, one pool, admission off), and in front of that the real
-global tier (`igw global serve`, one region: that gateway). Same run, alternating: wrk
-(bench.overhead's 1 KB non-streaming chat body) against the Tier-1 listener directly, then
-against the global listener, at 1 and 8 connections. Per point: latency p50/p99, requests/s, and CPU
-per request of each process (Tier-1 picker and Envoy; global router and its Envoy).
-The figure #18 asks for: the global tier's added p50 and CPU per request (router +
-Envoy) against the Tier-1 gateway's own (picker + Envoy, measured on the direct run).
+global tier (`igw global serve`, one region: that gateway). wrk (bench.overhead's 1 KB
+non-streaming chat body) against the echo server, the Tier-1 listener and the global
+listener, interleaved: each point is `rounds` slices, every path once per round, so a
+minute of a noisy machine falls on all three. Per point and path: latency p50/p99 (the
+median of the slices'), requests/s, and CPU per request of each process (Tier-1 picker and
+Envoy; global router and its Envoy).
+
+Two kinds of point:
+- closed loop at 1 and 8 connections (as `igw bench --overhead`): each path as fast as it
+  goes, so a longer path also sends fewer requests a second;
+- paced: the same offered rate on every path (1 connection at 100 and 200 requests/s, 8
+  at 400; each well below what the global path sustains). On a VM whose idle vCPUs halt
+  (this machine's guest halt polling is off), a process woken after a longer idle gap
+  answers later: Tier 1's own p50 grows from ~0.9 ms back to back to ~2 ms at 100/s. In the
+  closed loop the global path runs at about half Tier 1's rate, so its Tier-1 processes
+  idle longer per request than in the direct run and the difference of the two p50s
+  charges the global tier for Tier 1's slower wake-ups. At one rate each tier's
+  processes see the same gaps.
+
+The figure #18 asks for: the global tier's added p50 and CPU per request (router + Envoy)
+against the Tier-1 gateway's own (picker + Envoy, measured on the direct run).
 Results: bench/results/global_overhead.md and .json.
 """
 
@@ -18,16 +33,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench.output import write_results
-from bench.overhead import LUA, MODEL, _body, _cpu, _wrk
+from bench.overhead import LUA, MODEL, _body, _cpu, _wrk, wrk_threads
 from bench.procs import (
     descendants,
     process_name,
@@ -40,7 +57,32 @@ from igw.ports import free_ports
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONCURRENCY = (1, 8)
+# (connections, requests/s): offered rates well below what the global path sustains closed
+PACED = ((1, 100), (1, 200), (8, 400))
 WARMUP_S = 2.0
+HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+# wrk's delay() (LuaJIT): the next send at the next slot of a fixed schedule, so the offered
+# rate is RATE whatever the latency (a late answer's slot is skipped, not made up in a burst).
+# One schedule per wrk thread, shared by that thread's connections.
+PACED_LUA = """
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } igw_timespec;
+int clock_gettime(int clk_id, igw_timespec *tp);
+]]
+local now_ts = ffi.new("igw_timespec")
+local function now_ms()
+  ffi.C.clock_gettime(1, now_ts)
+  return tonumber(now_ts.tv_sec) * 1000 + tonumber(now_ts.tv_nsec) / 1e6
+end
+local period_ms = 1000 / RATE
+local next_ms = nil
+function delay()
+  local t = now_ms()
+  next_ms = math.max((next_ms or t) + period_ms, t)
+  return math.floor(next_ms - t + 0.5)
+end
+"""
 IGW = [sys.executable, "-m", "igw.cli"]
 
 
@@ -100,50 +142,123 @@ def _pids(supervisor_pid: int) -> dict[str, int]:
     return out
 
 
-def _point(url: str, script: Path, concurrency: int, seconds: float, pids: dict[str, int]
-           ) -> dict[str, Any]:
-    _wrk(url, script, concurrency, WARMUP_S)
-    before = _cpu(pids)
-    out = _wrk(url, script, concurrency, seconds)
-    after = _cpu(pids)
-    requests = max(out["requests"], 1)
-    out["rps"] = out["requests"] / (out["duration_us"] / 1e6)
-    out["cpu_ms_per_request"] = {k: 1000 * (after[k] - before[k]) / requests for k in pids}
+@dataclass(frozen=True)
+class Spec:
+    """One point: closed loop at `connections`, or paced at `rate` requests/s in all."""
+
+    connections: int
+    rate: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.rate:
+            return f"{self.connections} at {self.rate}/s"
+        return f"{self.connections} closed"
+
+
+def _scripts(work: Path) -> dict[Spec, Path]:
+    body = LUA.replace("BODY", _body())
+    out = {}
+    for spec in [*(Spec(c) for c in CONCURRENCY), *(Spec(c, r) for c, r in PACED)]:
+        path = work / f"post-{spec.connections}-{spec.rate or 0}.lua"
+        if spec.rate:
+            per_thread = spec.rate / wrk_threads(spec.connections)
+            path.write_text(body + PACED_LUA.replace("RATE", f"{per_thread:g}"))
+        else:
+            path.write_text(body)
+        out[spec] = path
     return out
+
+
+def _measure(paths: dict[str, tuple[str, dict[str, int]]], script: Path, spec: Spec,
+             seconds: float, rounds: int) -> list[dict[str, Any]]:
+    """Every path once per round, `seconds / rounds` each; the slices' p50/p99 medians,
+    the CPU and requests of all slices together."""
+    for url, _ in paths.values():
+        _wrk(url, script, spec.connections, WARMUP_S / 2)
+    slices: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+    cpu = {name: dict.fromkeys(pids, 0.0) for name, (_, pids) in paths.items()}
+    for _ in range(rounds):
+        for name, (url, pids) in paths.items():
+            before = _cpu(pids)
+            slices[name].append(_wrk(url, script, spec.connections, seconds / rounds))
+            after = _cpu(pids)
+            for key in pids:
+                cpu[name][key] += after[key] - before[key]
+    points = []
+    for name, runs in slices.items():
+        requests = max(sum(r["requests"] for r in runs), 1)
+        points.append({
+            "path": name, "connections": spec.connections, "rate": spec.rate,
+            "requests": requests,
+            "p50_us": statistics.median(r["p50_us"] for r in runs),
+            "p99_us": statistics.median(r["p99_us"] for r in runs),
+            "slice_p50_us": [r["p50_us"] for r in runs],
+            "rps": requests / (sum(r["duration_us"] for r in runs) / 1e6),
+            "cpu_ms_per_request": {k: 1000 * v / requests for k, v in cpu[name].items()},
+        })
+    return points
+
+
+def _summary(points: list[dict[str, Any]], spec: Spec) -> dict[str, Any]:
+    by = {p["path"]: p for p in points
+          if p["connections"] == spec.connections and p["rate"] == spec.rate}
+    cpu_g = by["global"]["cpu_ms_per_request"]
+    row = {
+        "point": spec.label, "connections": spec.connections, "rate": spec.rate,
+        "added_p50_ms": (by["global"]["p50_us"] - by["tier1"]["p50_us"]) / 1000,
+        "tier1_p50_ms": (by["tier1"]["p50_us"] - by["echo"]["p50_us"]) / 1000,
+        "global_cpu_ms": sum(v for k, v in cpu_g.items() if k.startswith("global-")),
+        "tier1_cpu_ms": sum(by["tier1"]["cpu_ms_per_request"].values()),
+    }
+    row["within"] = (row["added_p50_ms"] <= row["tier1_p50_ms"]
+                     and row["global_cpu_ms"] <= row["tier1_cpu_ms"])
+    return row
+
+
+def _halt_poll() -> str:
+    """This VM's guest halt polling (the idle wake-up cost the paced points are about)."""
+    try:
+        ns = int(HALT_POLL.read_text())
+    except (OSError, ValueError):
+        return "not a haltpoll guest"
+    return f"guest_halt_poll_ns={ns}" + (" (off)" if ns == 0 else "")
 
 
 def render(doc: dict[str, Any]) -> str:
     lines = [
         "# The global tier's extra hop", "",
-        f"{doc['date']}, {doc['cores']} cores, load average {doc['load_average']:.1f}; "
-        f"`{doc['command']}`; {doc['duration_s']:g} s per point after a {WARMUP_S:g} s warm-up.",
-        "", "| connections | path | p50 ms | p99 ms | req/s | CPU ms/request |",
+        f"{doc['date']}, {doc['cores']} cores, load average {doc['load_average']:.1f}, "
+        f"{doc['halt_poll']}; `{doc['command']}`; {doc['duration_s']:g} s per point and path "
+        f"in {doc['rounds']} interleaved slices, after a {WARMUP_S / 2:g} s warm-up.",
+        "", "| point | path | p50 ms | p99 ms | req/s | CPU ms/request |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for point in doc["points"]:
         cpu = ", ".join(f"{k} {v:.3f}" for k, v in point["cpu_ms_per_request"].items())
-        lines.append(f"| {point['connections']} | {point['path']} | {point['p50_us'] / 1000:.2f} "
+        label = Spec(point["connections"], point["rate"]).label
+        lines.append(f"| {label} | {point['path']} | {point['p50_us'] / 1000:.2f} "
                      f"| {point['p99_us'] / 1000:.2f} | {point['rps']:.0f} | {cpu} |")
-    lines += ["", "| connections | added p50 ms (global - direct) | Tier-1 own p50 ms "
+    lines += ["", "| point | added p50 ms (global - direct) | Tier-1 own p50 ms "
               "(direct - echo) | global CPU ms/req (router+Envoy) | Tier-1 CPU ms/req "
-              "(picker+Envoy) |", "| --- | --- | --- | --- | --- |"]
+              "(picker+Envoy) | within |", "| --- | --- | --- | --- | --- | --- |"]
     for row in doc["summary"]:
-        lines.append(f"| {row['connections']} | {row['added_p50_ms']:.2f} | "
+        lines.append(f"| {row['point']} | {row['added_p50_ms']:.2f} | "
                      f"{row['tier1_p50_ms']:.2f} | {row['global_cpu_ms']:.3f} | "
-                     f"{row['tier1_cpu_ms']:.3f} |")
+                     f"{row['tier1_cpu_ms']:.3f} | {'yes' if row['within'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.global_overhead")
     parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="igw-global-overhead-") as tmp:
         work = Path(tmp)
-        script = work / "post.lua"
-        script.write_text(LUA.replace("BODY", _body()))
+        scripts = _scripts(work)
         (echo_port,) = free_ports(1)
         echo = start_child("echo", [sys.executable, "-m", "bench.echo_server", "--port",
                                     str(echo_port)], work / "echo.log")
@@ -160,36 +275,24 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1.0)  # the router's first polls
             tier1_pids = {f"tier1-{k}": v for k, v in _pids(tier1.pid).items()}
             glob_pids = {f"global-{k}": v for k, v in _pids(glob.pid).items()}
-            paths = {"echo": f"http://127.0.0.1:{echo_port}/v1/chat/completions",
-                     "tier1": f"{tier1_url}/v1/chat/completions",
-                     "global": f"{glob_url}/v1/chat/completions"}
-            for concurrency in CONCURRENCY:
-                for path, url in paths.items():
-                    pids = {**tier1_pids, **glob_pids} if path == "global" else tier1_pids
-                    print(f"global overhead: {path} c={concurrency}", flush=True)
-                    point = _point(url, script, concurrency, args.duration, pids)
-                    points.append({"path": path, "connections": concurrency, **point})
+            paths = {"echo": (f"http://127.0.0.1:{echo_port}/v1/chat/completions", {}),
+                     "tier1": (f"{tier1_url}/v1/chat/completions", tier1_pids),
+                     "global": (f"{glob_url}/v1/chat/completions",
+                                {**tier1_pids, **glob_pids})}
+            for spec, script in scripts.items():
+                print(f"global overhead: {spec.label}", flush=True)
+                points += _measure(paths, script, spec, args.duration, args.rounds)
         finally:
             for child in reversed(children):
                 child.stop(timeout=40)
             echo.stop()
-    summary = []
-    for concurrency in CONCURRENCY:
-        by = {p["path"]: p for p in points if p["connections"] == concurrency}
-        cpu_g = by["global"]["cpu_ms_per_request"]
-        cpu_t = by["tier1"]["cpu_ms_per_request"]
-        summary.append({
-            "connections": concurrency,
-            "added_p50_ms": (by["global"]["p50_us"] - by["tier1"]["p50_us"]) / 1000,
-            "tier1_p50_ms": (by["tier1"]["p50_us"] - by["echo"]["p50_us"]) / 1000,
-            "global_cpu_ms": sum(v for k, v in cpu_g.items() if k.startswith("global-")),
-            "tier1_cpu_ms": sum(cpu_t.values()),
-        })
+    summary = [_summary(points, spec) for spec in scripts]
     doc = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m bench.global_overhead " + " ".join(argv or []),
         "cores": os.cpu_count(), "load_average": os.getloadavg()[0],
-        "duration_s": args.duration, "points": points, "summary": summary,
+        "halt_poll": _halt_poll(), "duration_s": args.duration, "rounds": args.rounds,
+        "points": points, "summary": summary,
     }
     write_results(args.out, "global_overhead", doc, render(doc))
     return 0

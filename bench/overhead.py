@@ -80,11 +80,16 @@ def _body() -> str:
                        "messages": [{"role": "user", "content": prompt}]})
 
 
+def wrk_threads(concurrency: int) -> int:
+    """wrk's threads for `concurrency` connections (each thread runs its own Lua state)."""
+    return 1 if concurrency == 1 else 2
+
+
 def _wrk(url: str, script: Path, concurrency: int, seconds: float) -> dict[str, Any]:
     wrk = shutil.which("wrk")
     if wrk is None:
         raise RuntimeError("wrk not found: apt-get install -y wrk")
-    threads = 1 if concurrency == 1 else 2
+    threads = wrk_threads(concurrency)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
         [wrk, "-t", str(threads), "-c", str(concurrency), "-d", f"{seconds:g}s", "--latency",
