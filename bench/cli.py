@@ -12,6 +12,7 @@
     igw bench --ext-proc-servers                   # grpc.aio vs grpclib vs ours behind Envoy
     igw bench --guidellm-check --guidellm PATH     # TTFT cross-check with guidellm
     igw bench --global-cost --duration 30          # the global router's cost vs fastest
+    igw bench --global-overhead                    # what the global tier adds per request
 
 Results: bench/results/REPORT.md (+ <scenario>.json, PNG plots) for a full run;
 a partial run writes to bench/results/partial/ unless --out says otherwise.
@@ -79,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cheapest-within-slo vs fastest vs an Envoy priority front on the "
                         "`igw global up` demo (bench/global_cost.py); --duration per level "
                         "and front, --seed; results to bench/results/global-cost.md")
+    p.add_argument("--global-overhead", action="store_true",
+                   help="what the global tier adds per request against Tier 1's own, closed "
+                        "loop and at equal offered rates (bench/global_overhead.py); "
+                        "--duration per point and path; results to "
+                        "bench/results/global_overhead.md")
     p.add_argument("--guidellm", default=None, help="guidellm executable for --guidellm-check")
     p.add_argument("--replay", action="store_true",
                    help="print the perfect-information replay (bench/replay.py) of --scenario "
@@ -159,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         extra = ["--duration", f"{args.duration:g}"] if args.duration else []
         extra += ["--seed", str(args.seed)] + (["--out", str(args.out)] if args.out else [])
         return cost_main(extra)
+    if args.global_overhead:
+        from bench.global_overhead import main as global_overhead_main
+
+        extra = ["--duration", f"{args.duration:g}"] if args.duration else []
+        return global_overhead_main(extra + (["--out", str(args.out)] if args.out else []))
     if args.rerender:
         return rerender(args.out or RESULTS)
     if args.replay:

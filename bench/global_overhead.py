@@ -1,6 +1,6 @@
 """What the global tier adds per request, next to what Tier 1 itself costs.
 
-    python -m bench.global_overhead [--duration 8] [--rounds 4]
+    igw bench --global-overhead [--duration 8]   (or: python -m bench.global_overhead [--rounds 4])
 
 Backend: bench/echo_server.py (a one-token answer that costs nothing). In front of it a
 real Tier-1 gateway (`igw serve`, one pool, admission off), and in front of that the real
