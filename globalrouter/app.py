@@ -30,7 +30,7 @@ from picker.app import (
     serve_until_signalled,
 )
 from picker.cancellation import cancel_and_wait
-from picker.coordination.bus import BusError, read_password, redis_client
+from picker.coordination.bus import BusError, client_factory
 from picker.coordination.replicas import default_replica_id
 from picker.gateway_metrics import limits_text
 from picker.h2_grpc import HEALTH_CHECK_PATH, H2GrpcServer, HealthCheck
@@ -110,13 +110,12 @@ class GlobalRouterApp:
         if settings is None or self.config.affinity.max_sessions == 0:
             return
         try:
-            password = read_password(settings.password_file)
+            clients = client_factory(settings, 1)
         except BusError as exc:
             log.error("sessions not shared (each replica keeps its own): %s", exc)
             return
-        sync = SessionSync(self.director.affinity, self.table.names,
-                           lambda: redis_client(settings, password, settings.timeout_s, 1),
-                           self.key_prefix, default_replica_id())
+        sync = SessionSync(self.director.affinity, self.table.names, clients, self.key_prefix,
+                           default_replica_id())
         await sync.start()
         self.director.session_sync = sync
 

@@ -330,3 +330,18 @@ async def test_what_is_left_of_a_claim_stays_held_through_a_failed_sync(
                 admitted_b += 1
         assert admitted_a + admitted_b <= limit, (admitted_a, admitted_b)
         assert admitted_a + admitted_b >= limit - 1, (admitted_a, admitted_b)
+
+
+async def test_an_unreadable_password_leaves_the_limits_local(tmp_path):
+    """A Secret not mounted: the limiter starts unshared (each replica enforces the
+    limits alone) instead of stopping the gateway; no Redis is ever dialled."""
+    settings = CoordinationConfig(url="redis://127.0.0.1:1/0",
+                                  password_file=str(tmp_path / "missing"))
+    lim = make()
+    lim.configure(limits_table())
+    await lim.start_shared(settings, "igw:test")
+    try:
+        assert not lim.shared
+        lim.admit("t", "", 10, time.monotonic())  # enforced locally
+    finally:
+        await lim.stop()

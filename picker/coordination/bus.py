@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,16 @@ class Bus:
         writer = self._client_or_raise(self._writer)
         return await self._call(writer.hgetall(self.snapshot_key),
                                 deadline=4 * self.settings.timeout_s)
+
+
+def client_factory(settings: CoordinationConfig, connections: int
+                   ) -> Callable[[], aioredis.Redis]:
+    """Clients of the coordination Redis for a part that makes its own on each (re)connect
+    (the tenant limits, the global router's sessions), `connections` at most, socket
+    deadline `settings.timeout_s`; raises BusError when the password file cannot be read,
+    before anything starts."""
+    password = read_password(settings.password_file)
+    return lambda: redis_client(settings, password, settings.timeout_s, connections)
 
 
 def redis_client(

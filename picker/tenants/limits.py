@@ -494,20 +494,15 @@ class Limiter:
         if settings is None:
             await self.start(None, "")
             return
-        from picker.coordination.bus import BusError, read_password, redis_client
+        from picker.coordination.bus import BusError, client_factory
 
         try:
-            password = read_password(settings.password_file)
+            clients = client_factory(settings, 2)
         except BusError as exc:
             log.error("tenant limits not shared (each replica enforces them alone): %s", exc)
             await self.start(None, "")
             return
-        await self.start(
-            lambda: redis_client(settings, password, settings.timeout_s, 2),
-            key_prefix,
-            replica=replica,
-            timeout_s=settings.timeout_s,
-        )
+        await self.start(clients, key_prefix, replica=replica, timeout_s=settings.timeout_s)
 
     async def stop(self) -> None:
         if self._sync is not None:
