@@ -59,7 +59,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CONCURRENCY = (1, 8)
 # (connections, requests/s): offered rates well below what the global path sustains closed
 PACED = ((1, 100), (1, 200), (8, 400))
-WARMUP_S = 2.0
+WARMUP_S = 1.0  # per point and path, before its slices
 HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 # wrk's delay() (LuaJIT): the next send at the next slot of a fixed schedule, so the offered
 # rate is RATE whatever the latency (a late answer's slot is skipped, not made up in a burst).
@@ -175,7 +175,7 @@ def _measure(paths: dict[str, tuple[str, dict[str, int]]], script: Path, spec: S
     """Every path once per round, `seconds / rounds` each; the slices' p50/p99 medians,
     the CPU and requests of all slices together."""
     for url, _ in paths.values():
-        _wrk(url, script, spec.connections, WARMUP_S / 2)
+        _wrk(url, script, spec.connections, WARMUP_S)
     slices: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
     cpu = {name: dict.fromkeys(pids, 0.0) for name, (_, pids) in paths.items()}
     for _ in range(rounds):
@@ -191,6 +191,7 @@ def _measure(paths: dict[str, tuple[str, dict[str, int]]], script: Path, spec: S
         points.append({
             "path": name, "connections": spec.connections, "rate": spec.rate,
             "requests": requests,
+            "errors": sum(r["errors"] + r["status_errors"] for r in runs),
             "p50_us": statistics.median(r["p50_us"] for r in runs),
             "p99_us": statistics.median(r["p99_us"] for r in runs),
             "slice_p50_us": [r["p50_us"] for r in runs],
@@ -230,15 +231,16 @@ def render(doc: dict[str, Any]) -> str:
         "# The global tier's extra hop", "",
         f"{doc['date']}, {doc['cores']} cores, load average {doc['load_average']:.1f}, "
         f"{doc['halt_poll']}; `{doc['command']}`; {doc['duration_s']:g} s per point and path "
-        f"in {doc['rounds']} interleaved slices, after a {WARMUP_S / 2:g} s warm-up.",
-        "", "| point | path | p50 ms | p99 ms | req/s | CPU ms/request |",
-        "| --- | --- | --- | --- | --- | --- |",
+        f"in {doc['rounds']} interleaved slices, after a {WARMUP_S:g} s warm-up.",
+        "", "| point | path | p50 ms | p99 ms | req/s | errors | CPU ms/request |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for point in doc["points"]:
         cpu = ", ".join(f"{k} {v:.3f}" for k, v in point["cpu_ms_per_request"].items())
         label = Spec(point["connections"], point["rate"]).label
         lines.append(f"| {label} | {point['path']} | {point['p50_us'] / 1000:.2f} "
-                     f"| {point['p99_us'] / 1000:.2f} | {point['rps']:.0f} | {cpu} |")
+                     f"| {point['p99_us'] / 1000:.2f} | {point['rps']:.0f} "
+                     f"| {point.get('errors', 0)} | {cpu} |")
     lines += ["", "| point | added p50 ms (global - direct) | Tier-1 own p50 ms "
               "(direct - echo) | global CPU ms/req (router+Envoy) | Tier-1 CPU ms/req "
               "(picker+Envoy) | within |", "| --- | --- | --- | --- | --- | --- |"]

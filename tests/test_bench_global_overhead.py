@@ -51,7 +51,7 @@ def test_a_paced_point_offers_its_rate(tmp_path, spec):
 
 
 def _point(path: str, p50_ms: float, cpu: dict[str, float]) -> dict:
-    return {"path": path, "connections": 1, "rate": 200, "requests": 400,
+    return {"path": path, "connections": 1, "rate": 200, "requests": 400, "errors": 0,
             "p50_us": p50_ms * 1000, "p99_us": p50_ms * 2000, "rps": 200.0,
             "cpu_ms_per_request": cpu}
 
