@@ -110,11 +110,12 @@ def lora_state(ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         return none, none, np.ones(n, dtype=bool)
     table = ctx.table
     max_lora = ctx.col("max_lora")
-    resident = table.lora_running[ctx.index, slot] | _recently_sent(ctx, slot, max_lora)
+    unknown = max_lora <= 0
+    capacity = np.where(unknown, ctx.state.adapter_slots[ctx.index], max_lora)
+    resident = table.lora_running[ctx.index, slot] | _recently_sent(ctx, slot, capacity)
     waiting = table.lora_waiting[ctx.index, slot]
     used = np.count_nonzero(table.lora_running[ctx.index], axis=1)
     free = used < max_lora
-    unknown = max_lora <= 0
     if unknown.any():
         resident, free = _unknown_slots(ctx, slot, unknown, resident, free)
     return resident, waiting, free
