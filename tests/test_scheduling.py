@@ -156,6 +156,46 @@ def test_without_adapter_metrics_a_pod_proves_its_adapter_slots_by_running_them(
     assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.8]
 
 
+def _prove_two_adapter_slots(sched: Scheduler, pool: Pool) -> None:
+    """Pod 0 runs ad-a and ad-b at once under a scrape with nothing waiting."""
+    first, second = req(adapter="ad-a"), req(adapter="ad-b")
+    sched.on_dispatch(0, first, NOW)
+    sched.on_dispatch(0, second, NOW)
+    pool.table.running[0], pool.table.waiting[0] = 2, 0
+    pool.mark_scrape(0, True, NOW + 0.05)
+    sched.on_complete(0, first, NOW + 0.1, 0.1, ok=True)
+    sched.on_complete(0, second, NOW + 0.1, 0.1, ok=True)
+
+
+def test_without_adapter_metrics_a_proof_of_adapter_slots_holds_for_the_whole_pool():
+    """The pool's pods run one engine configuration: two adapters proved on pod 0 give
+    pod 1, which never ran two at once, a free slot beside one other adapter in flight."""
+    pool = make_pool(2, max_lora=[0, 0])
+    sched = Scheduler(pool, max_fallbacks=1)
+    sched.on_dispatch(1, req(adapter="ad-b"), NOW)
+    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.8, 0.0]
+    _prove_two_adapter_slots(sched, pool)
+    assert sched.state.adapter_slots.tolist()[:2] == [2.0, 2.0]
+    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.8, 0.8]
+
+
+def test_without_adapter_metrics_the_last_proved_slots_worth_of_adapters_sent_stay_resident():
+    """Engines evict adapters least recently used: on a pod that runs two at once, the
+    last two adapters the gateway sent are resident after their requests end; with no
+    proof only the last one is."""
+    pool = make_pool(2, max_lora=[0, 0])
+    sched = Scheduler(pool, max_fallbacks=1)
+    for i, adapter in enumerate(("ad-a", "ad-b")):
+        one = req(adapter=adapter)
+        sched.on_dispatch(1, one, NOW + i)
+        sched.on_complete(1, one, NOW + i + 0.1, 0.1, ok=True)
+    assert scores(pool, "loraAffinity", req(adapter="ad-a"), sched)[1] == 0.8
+    assert scores(pool, "loraAffinity", req(adapter="ad-b"), sched)[1] == 1.0
+    _prove_two_adapter_slots(sched, pool)
+    assert scores(pool, "loraAffinity", req(adapter="ad-a"), sched)[1] == 1.0
+    assert scores(pool, "loraAffinity", req(adapter="ad-b"), sched)[1] == 1.0
+
+
 def test_prefix_fraction_of_leading_blocks():
     pool = make_pool(3)
     sched = Scheduler(pool)

@@ -110,11 +110,16 @@ def lora_state(ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         return none, none, np.ones(n, dtype=bool)
     table = ctx.table
     max_lora = ctx.col("max_lora")
-    resident = table.lora_running[ctx.index, slot] | _recently_sent(ctx, slot, max_lora)
+    unknown = max_lora <= 0
+    # Where the page has no `max_lora`, the slots the pool proved (PoolState.adapter_slots):
+    # with 1 there (as before), an adapter whose requests had ended counted as resident only
+    # while it was the last one sent, so lora-home found no home and spilled it; 107
+    # adapter loads against adapter-affine's 19 on family-0-8 (TensorRT-LLM, 4 slots).
+    capacity = np.where(unknown, ctx.state.adapter_slots[ctx.index], max_lora)
+    resident = table.lora_running[ctx.index, slot] | _recently_sent(ctx, slot, capacity)
     waiting = table.lora_waiting[ctx.index, slot]
     used = np.count_nonzero(table.lora_running[ctx.index], axis=1)
     free = used < max_lora
-    unknown = max_lora <= 0
     if unknown.any():
         resident, free = _unknown_slots(ctx, slot, unknown, resident, free)
     return resident, waiting, free
@@ -140,13 +145,14 @@ def _unknown_slots(ctx: ScoringContext, slot: int, unknown: np.ndarray, resident
     return resident, free
 
 
-def _recently_sent(ctx: ScoringContext, slot: int, max_lora: np.ndarray) -> np.ndarray:
+def _recently_sent(ctx: ScoringContext, slot: int, capacity: np.ndarray) -> np.ndarray:
     """Pods the gateway sent this adapter to lately, where it is still among the
-    `max_lora` most recently sent adapters (engines evict adapters LRU)."""
+    `capacity` (adapter slots, at least 1) most recently sent adapters (engines evict
+    adapters LRU)."""
     sent = ctx.state.adapter_sent[ctx.index]
     mine = sent[:, slot]
     newer = np.count_nonzero(sent > mine[:, None], axis=1)
-    return (mine > ctx.now - ADAPTER_MEMORY_S) & (mine > 0) & (newer < np.maximum(max_lora, 1))
+    return (mine > ctx.now - ADAPTER_MEMORY_S) & (mine > 0) & (newer < np.maximum(capacity, 1))
 
 
 @FILTERS.register

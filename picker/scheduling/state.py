@@ -295,16 +295,21 @@ class PoolState:
         return learned
 
     def _learn_adapter_slots(self, index: slice | np.ndarray, fresh: np.ndarray) -> None:
-        """A lower bound on each pod's adapter slots where the engine publishes none
+        """A lower bound on the pool's adapter slots where the engine publishes none
         (filters.lora_state): a scrape with nothing waiting means every adapter with
         requests in flight there was running at once. Counted up to the pod's `running`
-        (a request the gateway still counts may have ended), never lowered."""
+        (a request the gateway still counts may have ended), never lowered, and shared by
+        the pool's pods: they run one engine configuration (one `max_loras`), and a proof
+        per pod stayed at 1 on pods the gateway then never sent a second adapter while
+        one was in flight (family-0-7, TensorRT-LLM, 4 slots: 19 adapter loads against
+        adapter-affine's 2)."""
         t = self.pool.table
         distinct = np.count_nonzero(self.adapter_inflight[index], axis=1)
         seen = np.minimum(distinct, t.running[index])
         idle_queue = fresh & (t.waiting[index] < 1.0)
         self.adapter_slots[index] = np.where(
             idle_queue, np.maximum(self.adapter_slots[index], seen), self.adapter_slots[index])
+        self.adapter_slots[:] = self.adapter_slots.max(initial=0.0)
 
     def _adapter_bound(self, index: slice | np.ndarray) -> np.ndarray:
         """Rows whose queue may wait for an adapter slot: an adapter is waiting there that
