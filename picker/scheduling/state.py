@@ -189,10 +189,11 @@ class PoolState:
             self.since_stamp[row] = t.scraped_at[row]
             self.since_tokens[row] = 0.0
         self.since_tokens[row] += prompt
-        slot = int(self.recent_next[row]) % RECENT_SENDS
-        self.recent_at[row, slot] = now
-        self.recent_tokens[row, slot] = prompt
-        self.recent_next[row] = slot + 1
+        if not remote:  # a folded send's own time is not known here (`scrape_dated`)
+            slot = int(self.recent_next[row]) % RECENT_SENDS
+            self.recent_at[row, slot] = now
+            self.recent_tokens[row, slot] = prompt
+            self.recent_next[row] = slot + 1
         self.mean_prompt = _ewma(self.mean_prompt, prompt, POOL_EWMA_ALPHA)
         if output > 0:
             est = min(output, MAX_OUTPUT_TOKENS_ESTIMATE)
