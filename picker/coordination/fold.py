@@ -14,7 +14,7 @@ was folded, so a completion's duration is measured on one clock.
 
 A shared scrape result (the batch's `scrapes`) goes to picker.coordination.scrapes,
 which writes it into the pod's row through the collector's own path, dated when
-it was taken; the sends this replica knows of since then count again as sent
+it was taken; this replica's own sends since then count again as sent
 after that scrape (`PoolState.scrape_dated`: the result cannot show them). Without
 scrape sharing here (`shareScrapes: false`) they are ignored: this replica
 scrapes every pod itself, and its entries say so, so no other replica leaves a

@@ -91,7 +91,7 @@ class PoolState:
         self.adapter_inflight = np.zeros((0, MAX_ADAPTERS))
         # There, the most adapters each pod was seen running at once (`_learn_adapter_slots`).
         self.adapter_slots = np.zeros(0)
-        # Each row's last RECENT_SENDS dispatches (local and folded): when, and their prompt
+        # Each row's last RECENT_SENDS dispatches of this replica: when, and their prompt
         # tokens; `recent_next` is the ring's next slot. Read only by `scrape_dated`.
         self.recent_at = np.zeros((0, RECENT_SENDS))
         self.recent_tokens = np.zeros((0, RECENT_SENDS))
@@ -342,16 +342,15 @@ class PoolState:
 
     def scrape_dated(self, row: int, at: float) -> None:
         """A scrape taken at `at` was just written into `row` though this replica sent
-        (or folded) requests to the pod after `at`: another replica's shared result,
-        which arrives about a flushInterval after it was taken. Writing it zeroed the
-        row's `dispatched`, yet the scrape cannot show those sends, so the pod looked
-        emptier than it was and every replica's next requests went there (measured in
-        the twin: four coordinated replicas sharing scrapes underestimated the chosen
-        pod's queue more than when each scraped itself, and sent more requests to a
-        pod with a queue while another had none). The sends after `at` count again as
-        sent since that scrape; the prefill backlog's next fold leaves them out, as the
-        scrape does (`prefill_backlog`). One that ended in between counts until the next
-        scrape: the safe side."""
+        requests to the pod after `at`: another replica's shared result, which arrives
+        about a flushInterval after it was taken. Writing it zeroed the row's
+        `dispatched` and restarted its tokens sent since the scrape, yet the scrape
+        cannot show those sends, so the pod looked emptier than it was. This replica's
+        own sends after `at` count again as sent since that scrape. Folded sends do
+        not: they are dated when they were folded, up to a flush after they were sent,
+        so most of those "after" the scrape are in it (counting them double-counted
+        the owner's own sends to its pods: family-0-41 at N = 4, 2.77 -> 4.16 s in the
+        twin). One that ended in between counts until the next scrape: the safe side."""
         self.sync()
         t = self.pool.table
         after = self.recent_at[row] > at
