@@ -402,6 +402,8 @@ def test_a_shared_result_keeps_the_sends_made_after_it_was_taken():
     sched.on_dispatch(row, SchedulingRequest(model=MODEL, prompt_tokens=50, max_tokens=10),
                       now + 0.001)
     assert table.dispatched[row] == 3.0 and sched.state.since_tokens[row] == 550.0
+    # the prefill backlog folded that result with what it could have seen: the first send
+    assert sched.state.fold_sent[row] == 100.0
     (entry,) = encode_batches([], 1, time.time(), scrapes=[
         SharedScrape(POOL, address, 0.0, snapshot(4.0))])
     replica.coordinator.folder.fold("a", decode_batch(entry), now + 0.002, 0.0)

@@ -346,7 +346,8 @@ class PoolState:
         about a flushInterval after it was taken. Writing it zeroed the row's
         `dispatched` and restarted its tokens sent since the scrape, yet the scrape
         cannot show those sends, so the pod looked emptier than it was. This replica's
-        own sends after `at` count again as sent since that scrape. Folded sends do
+        own sends after `at` count again as sent since that scrape, and the prefill
+        backlog's next fold leaves them out as the scrape does. Folded sends do
         not: they are dated when they were folded, up to a flush after they were sent,
         so most of those "after" the scrape are in it (counting them double-counted
         the owner's own sends to its pods: family-0-41 at N = 4, 2.77 -> 4.16 s in the
@@ -384,7 +385,11 @@ class PoolState:
             counter = t.prompt_tokens_total[rows]
             done = counter - self.fold_counter[rows]
             done = np.where(done < 0, counter, done)
-            sent = self.sent_tokens[rows]
+            # Sends counted as since a back-dated scrape (`scrape_dated`) came after it:
+            # the engine's counter could not have them yet.
+            late = np.where(self.since_stamp[rows] == t.scraped_at[rows],
+                            self.since_tokens[rows], 0.0)
+            sent = self.sent_tokens[rows] - late
             backlog = np.clip(self.backlog[rows] + sent - self.fold_sent[rows] - done,
                               0.0, t.outstanding_prefill[rows])
             self.backlog[rows] = np.where(np.isnan(backlog), 0.0, backlog)
