@@ -350,7 +350,7 @@ class PoolState:
         backlog's next fold leaves them out as the scrape does. Folded sends do
         not: they are dated when they were folded, up to a flush after they were sent,
         so most of those "after" the scrape are in it (counting them double-counted
-        the owner's own sends to its pods: family-0-41 at N = 4, 2.77 -> 4.16 s in the
+        the owner's own sends to its pods: family-0-41 at N = 4, 3.61 -> 4.16 s in the
         twin). One that ended in between counts until the next scrape: the safe side."""
         self.sync()
         t = self.pool.table
