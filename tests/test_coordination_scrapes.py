@@ -56,6 +56,7 @@ from picker.datalayer.parser import LoraInfo, MetricsSnapshot
 from picker.datastore import Datastore, Pool
 from picker.director import Director
 from picker.gateway_metrics import GatewayMetrics
+from picker.scheduling.request import SchedulingRequest
 from simulator.standin import StandInPod
 from simulator.standin_pages import LoraSeries, PodState
 from tests.test_coordination_support import eventually, redis_server
@@ -372,6 +373,43 @@ def test_a_shared_result_fills_the_row_exactly_like_a_local_scrape():
         SharedScrape(POOL, "10.9.9.9:1", 0.0, snapshot())])
     remote.coordinator.folder.fold("a", decode_batch(entry), time.monotonic(), 0.0)
     assert remote.coordinator.folder.unresolved == 1
+
+
+def test_a_shared_result_keeps_the_sends_made_after_it_was_taken():
+    """A shared result is written dated when its owner scraped (~flushInterval before it
+    arrives): the sends this replica made or folded after that moment are not in it, so
+    they still count as sent since the scrape; those before it are in it."""
+    address = "10.0.0.1:8000"
+    config = scrape_config([address])
+    replica = Scraper.make(config, not_owning(address, "a"))
+    sched = replica.coordinator.director.schedulers[POOL]
+    row, table = replica.row(address), replica.pool.table
+    now = time.monotonic()
+    for at, prompt in ((now - 0.030, 100), (now - 0.008, 200), (now - 0.004, 300)):
+        sched.on_dispatch(row, SchedulingRequest(model=MODEL, prompt_tokens=prompt,
+                                                 max_tokens=10), at)
+    assert table.dispatched[row] == 3.0
+    # taken 15 ms ago by the owner (10 ms before its flush, 5 ms in transit): it saw the
+    # first send, not the two after it
+    (entry,) = encode_batches([], 0, time.time(), scrapes=[
+        SharedScrape(POOL, address, 0.010, snapshot(1.0))])
+    replica.coordinator.folder.fold("a", decode_batch(entry), now, 0.005)
+    assert np.isclose(table.scraped_at[row], now - 0.015, atol=1e-6)
+    assert table.waiting[row] == 1.0 and table.dispatched[row] == 2.0
+    since = sched.state.since_scrape_tokens(slice(row, row + 1), table.dispatched[row:row + 1])
+    assert since is not None and since[0] == 500.0
+    # the next send adds to them; a newer result (one that saw them all) clears them
+    sched.on_dispatch(row, SchedulingRequest(model=MODEL, prompt_tokens=50, max_tokens=10),
+                      now + 0.001)
+    assert table.dispatched[row] == 3.0 and sched.state.since_tokens[row] == 550.0
+    # the prefill backlog folded that result with what it could have seen: the first send
+    assert sched.state.fold_sent[row] == 100.0
+    (entry,) = encode_batches([], 1, time.time(), scrapes=[
+        SharedScrape(POOL, address, 0.0, snapshot(4.0))])
+    replica.coordinator.folder.fold("a", decode_batch(entry), now + 0.002, 0.0)
+    assert table.dispatched[row] == 0.0
+    assert sched.state.since_scrape_tokens(slice(row, row + 1),
+                                           table.dispatched[row:row + 1]) is None
 
 
 def test_a_non_owner_skips_only_while_the_owners_results_are_fresh():

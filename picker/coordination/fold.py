@@ -13,7 +13,9 @@ skipped and counted. Times are this replica's: a dispatch counts from when it
 was folded, so a completion's duration is measured on one clock.
 
 A shared scrape result (the batch's `scrapes`) goes to picker.coordination.scrapes,
-which writes it into the pod's row through the collector's own path; without
+which writes it into the pod's row through the collector's own path, dated when
+it was taken; this replica's own sends since then count again as sent
+after that scrape (`PoolState.scrape_dated`: the result cannot show them). Without
 scrape sharing here (`shareScrapes: false`) they are ignored: this replica
 scrapes every pod itself, and its entries say so, so no other replica leaves a
 pod to it.
@@ -87,4 +89,7 @@ class Folder:
             if pod is None:
                 self.unresolved += 1
                 continue
-            scrapes.received(pool, pod, result, now, age_s)
+            at = scrapes.received(pool, pod, result, now, age_s)
+            sched = self.director.schedulers.get(result.pool)
+            if at is not None and result.snapshot is not None and sched is not None:
+                sched.state.scrape_dated(pod.row, at)

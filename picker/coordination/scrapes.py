@@ -182,13 +182,14 @@ class SharedScrapes:
     # -- the fold's side ---------------------------------------------------------------
 
     def received(self, pool: Pool, pod: Pod, result: SharedScrape, now: float,
-                 transit_s: float) -> None:
+                 transit_s: float) -> float | None:
         """Another replica's result for `pod`, folded at local monotonic `now`, its entry
-        `transit_s` old by the wall clocks."""
+        `transit_s` old by the wall clocks; the local time it was taken at when it was
+        written into the row, else None."""
         self.stats.received += 1
         if pool.config.metrics.source != "scrape" or self._owns(pod.address, now):
             self.stats.ignored += 1  # this replica reads the pod itself
-            return
+            return None
         at = now - result.age_s - transit_s
         share = self._share(pool.name, pod.address)
         if at > share.shared_at:
@@ -197,10 +198,11 @@ class SharedScrapes:
                 share.shared_failures + 1)
         if at <= share.written_at:
             self.stats.ignored += 1
-            return
+            return None
         share.written_at = at
         self.collector.apply_shared(pool, pod, result.snapshot, at)
         self.stats.used += 1
+        return at
 
     # -- reading -----------------------------------------------------------------------
 

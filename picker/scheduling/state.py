@@ -35,6 +35,10 @@ SPEED_REFRESH_S = 0.2
 # Learned prefill speeds within this ratio of each other are one speed class
 # (see `speed_classes`).
 SPEED_CLASS_RATIO = 1.5
+# Each row's most recent sends (time and prompt tokens) kept for `scrape_dated`: a shared
+# scrape is ~flushInterval old when it arrives, and more than this many sends to one pod
+# inside that window would be a burst the oldest of which the scrape has seen anyway.
+RECENT_SENDS = 32
 # A learned speed with no new observation for SPEED_STALE_S is not trusted: the
 # pod is given the pool median (it may have recovered from whatever made it slow;
 # it gets a few requests, and picker.datalayer.speed re-learns it from them).
@@ -87,6 +91,11 @@ class PoolState:
         self.adapter_inflight = np.zeros((0, MAX_ADAPTERS))
         # There, the most adapters each pod was seen running at once (`_learn_adapter_slots`).
         self.adapter_slots = np.zeros(0)
+        # Each row's last RECENT_SENDS dispatches of this replica: when, and their prompt
+        # tokens; `recent_next` is the ring's next slot. Read only by `scrape_dated`.
+        self.recent_at = np.zeros((0, RECENT_SENDS))
+        self.recent_tokens = np.zeros((0, RECENT_SENDS))
+        self.recent_next = np.zeros(0)
         # Each row's learned batch slots (concurrent requests the engine runs), 0 while
         # unknown: see `slot_limits`. And this replica's requests per tenant (fair shares).
         self.slots = np.zeros(0)
@@ -114,8 +123,8 @@ class PoolState:
                 old = getattr(self, name)
                 grown[: len(old)] = old
                 setattr(self, name, grown)
-            for name in ("adapter_sent", "adapter_inflight"):
-                grown = np.zeros((cap, MAX_ADAPTERS))
+            for name, width in _ROW_MATRICES:
+                grown = np.zeros((cap, width))
                 old = getattr(self, name)
                 grown[: len(old)] = old
                 setattr(self, name, grown)
@@ -130,8 +139,8 @@ class PoolState:
         self.prefix.forget(row)
         for name in _ROW_ARRAYS:
             getattr(self, name)[row] = 0.0
-        self.adapter_sent[row] = 0.0
-        self.adapter_inflight[row] = 0.0
+        for name, _ in _ROW_MATRICES:
+            getattr(self, name)[row] = 0.0
 
     def set_blocks_per_pod(self, blocks: int) -> None:
         """Resize the prefix LRUs on reload; shrinking evicts on the next insert."""
@@ -180,6 +189,11 @@ class PoolState:
             self.since_stamp[row] = t.scraped_at[row]
             self.since_tokens[row] = 0.0
         self.since_tokens[row] += prompt
+        if not remote:  # a folded send's own time is not known here (`scrape_dated`)
+            slot = int(self.recent_next[row]) % RECENT_SENDS
+            self.recent_at[row, slot] = now
+            self.recent_tokens[row, slot] = prompt
+            self.recent_next[row] = slot + 1
         self.mean_prompt = _ewma(self.mean_prompt, prompt, POOL_EWMA_ALPHA)
         if output > 0:
             est = min(output, MAX_OUTPUT_TOKENS_ESTIMATE)
@@ -331,6 +345,27 @@ class PoolState:
             return None
         return self.since_tokens[index] * (dispatched > 0)
 
+    def scrape_dated(self, row: int, at: float) -> None:
+        """A scrape taken at `at` was just written into `row` though this replica sent
+        requests to the pod after `at`: another replica's shared result, which arrives
+        about a flushInterval after it was taken. Writing it zeroed the row's
+        `dispatched` and restarted its tokens sent since the scrape, yet the scrape
+        cannot show those sends, so the pod looked emptier than it was. This replica's
+        own sends after `at` count again as sent since that scrape, and the prefill
+        backlog's next fold leaves them out as the scrape does. Folded sends do
+        not: they are dated when they were folded, up to a flush after they were sent,
+        so most of those "after" the scrape are in it (counting them double-counted
+        the owner's own sends to its pods: family-0-41 at N = 4, 3.61 -> 4.16 s in the
+        twin). One that ended in between counts until the next scrape: the safe side."""
+        self.sync()
+        t = self.pool.table
+        after = self.recent_at[row] > at
+        if not after.any():
+            return
+        t.dispatched[row] = float(np.count_nonzero(after))
+        self.since_stamp[row] = t.scraped_at[row]
+        self.since_tokens[row] = float(self.recent_tokens[row][after].sum())
+
     def prefill_backlog(self) -> np.ndarray:
         """Prompt tokens sent to each row that it had not prefilled at its last scrape.
 
@@ -355,7 +390,11 @@ class PoolState:
             counter = t.prompt_tokens_total[rows]
             done = counter - self.fold_counter[rows]
             done = np.where(done < 0, counter, done)
-            sent = self.sent_tokens[rows]
+            # Sends counted as since a back-dated scrape (`scrape_dated`) came after it:
+            # the engine's counter could not have them yet.
+            late = np.where(self.since_stamp[rows] == t.scraped_at[rows],
+                            self.since_tokens[rows], 0.0)
+            sent = self.sent_tokens[rows] - late
             backlog = np.clip(self.backlog[rows] + sent - self.fold_sent[rows] - done,
                               0.0, t.outstanding_prefill[rows])
             self.backlog[rows] = np.where(np.isnan(backlog), 0.0, backlog)
@@ -450,8 +489,10 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
 _ROW_ARRAYS = (
     "since_tokens", "since_stamp", "spt", "slots", "slot_stamp", "slot_running",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
-    "prefill_floor", "adapter_slots",
+    "prefill_floor", "adapter_slots", "recent_next",
 )
+_ROW_MATRICES = (("adapter_sent", MAX_ADAPTERS), ("adapter_inflight", MAX_ADAPTERS),
+                 ("recent_at", RECENT_SENDS), ("recent_tokens", RECENT_SENDS))
 
 
 def _ewma_share(mean: float, value: float) -> float:
