@@ -5,8 +5,8 @@ The datastore's columns hold what the scrapes say plus the gateway's counters
 dispatch and completion ("work, not counts": prompt and output tokens, not
 only requests) and keeps what the datastore has no column for: the prefix
 index, prompt tokens dispatched since each pod's last scrape, an observed
-seconds-per-token EWMA per pod, and pool-wide mean request sizes. It survives
-config reloads; rows whose pod changed are wiped.
+seconds-per-output-token EWMA per pod (`paced_tokens`), and pool-wide mean
+request sizes. It survives config reloads; rows whose pod changed are wiped.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class PoolState:
         t.outstanding_prefill[row] = max(0.0, t.outstanding_prefill[row] - req.prompt_tokens)
         t.outstanding_decode[row] = max(0.0, t.outstanding_decode[row] - req.max_tokens)
         out = req.max_tokens if output_tokens is None else output_tokens
-        tokens = max(req.prompt_tokens, 0) + max(out, 0)
+        tokens = paced_tokens(req.prompt_tokens, out)
         sample_s = origin_duration_s if remote else duration_s
         if ok and sample_s is not None and tokens > 0 and sample_s > 0:
             self.spt[row] = _ewma(self.spt[row], sample_s / tokens, POD_EWMA_ALPHA)
@@ -377,8 +377,9 @@ class PoolState:
         """(prefill tokens/s, decode step s) for every table row, unknown speeds filled.
 
         A pod without a learned speed gets the pool median, scaled by the
-        gateway's own observed seconds-per-token of that pod relative to the
-        pool's median when it has one (else a deliberately slow default).
+        gateway's own observed seconds per output token of that pod relative to
+        the pool's median when it has one (else a deliberately slow default); a
+        pod with neither, idle, gets the fastest known speeds (`_explore_untried`).
         Rebuilt at most every `SPEED_REFRESH_S` and on membership changes:
         speeds are learned over many requests and move slowly, and refilling
         (medians included) on every request would cost more than the rest of
@@ -398,16 +399,52 @@ class PoolState:
         stale = (t.speed_seen_at > 0) & (now - t.speed_seen_at > SPEED_STALE_S)
         slowness[stale] = 1.0
         tps = np.where((t.prefill_tps > 0) & ~stale, t.prefill_tps, ref_tps / slowness)
-        tps = speed_classes(tps, np.flatnonzero(valid))
         step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
+        self._explore_untried(tps, step, valid)
+        tps = speed_classes(tps, np.flatnonzero(valid))
         self._speed = (tps, step)
         self._speed_at = now
         self._speed_version = self.pool.version
         return self._speed
 
+    def _explore_untried(self, tps: np.ndarray, step: np.ndarray, valid: np.ndarray) -> None:
+        """Give pods the gateway knows nothing about the fastest known speeds, in place.
+
+        A pod with no learned speed and no observed duration took the pool median, and
+        the median is the majority's: in a fleet of mostly slow pods an idle fast pod
+        looked slow, got nothing, and so never showed its speed (family-0-80: 9 A10Gs, 2
+        L40S, 2 H100s; an H100 and an L40S got none of 300 requests while an A10G took the
+        p95 tail). Optimism only while nothing is in flight there: one request finds out,
+        and until it ends (and a scrape or its duration says how fast) the pod is back
+        on the median, so a slow pod is tried once, not flooded.
+        """
+        t = self.pool.table
+        untried = valid & (t.prefill_tps <= 0) & (self.spt <= 0) & (t.inflight <= 0)
+        known = valid & ~untried
+        if untried.any() and known.any():
+            tps[untried] = tps[known].max()
+            step[untried] = step[known].min()
+
     def invalidate_speeds(self) -> None:
         """Make the next `speeds` call re-read the table (tests, or after a bulk update)."""
         self._speed_at = -math.inf
+
+
+def paced_tokens(prompt_tokens: int, output_tokens: int) -> float:
+    """The tokens a request's duration is divided by for the observed speed (`spt`).
+
+    Output tokens, when the request makes any: a request's duration is its decode
+    (output tokens x the pod's step) plus a prefill that costs 50-200x less per token,
+    and nothing for a cached prefix. Per prompt-plus-output token, a pod serving long or
+    cached prompts looked fast: in family-0-2 (70B on H100s and A10Gs, TensorRT-LLM:
+    no latency histograms, so this is the only speed signal) an A10G read 0.0049 s per
+    token beside H100s at 0.004-0.006 and shared their speed class. Per output token
+    the two read ~3x apart, as their decode steps are. A request generating nothing
+    (embeddings) is paced by its prompt.
+    """
+    if output_tokens > 0:
+        return float(output_tokens)
+    return float(max(prompt_tokens, 0))
 
 
 def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
