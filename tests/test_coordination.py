@@ -140,9 +140,8 @@ def test_a_remote_success_teaches_speed_from_the_origins_duration_a_failure_noth
     assert batch.durations == [2.0, None]
     remote.coordinator.folder.fold("a", batch, time.monotonic() + 30, 0.0)
     row, other = remote.row(first[3]), remote.row(second[3])
-    # one sample: the origin's 2 s over the request's output tokens, not the 30 s this
-    # replica saw
-    assert remote.state.spt[row] == pytest.approx(2.0 / first[5])
+    # one sample: the origin's 2 s over the request's tokens, not the 30 s this replica saw
+    assert remote.state.spt[row] == pytest.approx(2.0 / (first[4] + first[5]))
     assert other == row or remote.state.spt[other] == 0  # the failure taught nothing
     assert remote.coordinator.replicas.outstanding() == 0
 

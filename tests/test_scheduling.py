@@ -17,7 +17,7 @@ from picker.scheduling.lora_home import HOME_SLACK_S
 from picker.scheduling.plugins import SCORERS
 from picker.scheduling.profiles import PROFILES, effective_weights
 from picker.scheduling.scorers.latency import predicted_ttft
-from picker.scheduling.state import paced_tokens, speed_classes
+from picker.scheduling.state import speed_classes
 
 NOW = 1_000.0
 
@@ -213,37 +213,33 @@ def test_predicted_latency_unknown_speed_uses_pool_median_and_observed_speed():
     assert tps[3] == pytest.approx(5_000)
 
 
-def test_observed_speed_is_per_output_token_so_long_prompts_do_not_look_fast():
-    # Pod 1 is the slow one (twice the time for the same output) but serves long,
-    # mostly cached prompts: per prompt-plus-output token it read ~9x faster than pod 0.
+def test_observed_pace_is_per_output_token_where_the_pods_are_generations_apart():
+    # Pod 1 is the slow generation (3x the time for the same output) but serves long,
+    # cached prompts: per prompt-plus-output token it read ~5x faster than pods 0 and 2.
     pool = make_pool(3, decode_step_s=[0.0] * 3)
     sched = Scheduler(pool)
     for _ in range(5):
         sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
-        sched.on_complete(1, req(prompt=3_000), NOW, 2.0, True)
+        sched.on_complete(1, req(prompt=3_000), NOW, 3.0, True)
         sched.on_complete(2, req(prompt=100), NOW, 1.0, True)
-    assert sched.state.spt[:3].tolist() == pytest.approx([1.0 / 50, 2.0 / 50, 1.0 / 50])
+    valid = pool.table.valid
+    assert sched.state.observed_pace(valid)[:3].tolist() == pytest.approx([0.02, 0.06, 0.02])
     tps, step = sched.state.speeds(NOW)
-    assert tps[1] == pytest.approx(tps[0] / 2) and step[1] == pytest.approx(step[0] * 2)
-    assert paced_tokens(3_000, 0) == 3_000  # nothing generated (embeddings): its prompt
+    assert tps[1] == pytest.approx(tps[0] / 3) and step[1] == pytest.approx(step[0] * 3)
 
 
-def test_an_untried_idle_pod_gets_the_fastest_known_speed_until_one_request_is_out():
-    # Most pods are slow: the median (1,000 tokens/s) made an idle fast pod look slow,
-    # and it never got the request that would have shown otherwise.
-    pool = make_pool(5, prefill_tps=[1_000, 1_000, 1_000, 8_000, 0],
-                     decode_step_s=[0.05, 0.05, 0.05, 0.01, 0])
+def test_observed_pace_is_per_token_where_the_pods_are_alike():
+    # Per output token alike pods read apart by their requests' queue waits and prompts:
+    # under GENERATION_SPREAD the steadier per-token figure is used.
+    pool = make_pool(2, decode_step_s=[0.0] * 2)
     sched = Scheduler(pool)
-    tps, step = sched.state.speeds(NOW)
-    assert (tps[4], step[4]) == (8_000, 0.01)
-    assert sched.pick(req(prompt=1_000), NOW).rows[0] in (3, 4)
-    sched.on_dispatch(4, req(prompt=1_000), NOW)  # out there: back on the median till it ends
-    sched.state.invalidate_speeds()
-    tps, step = sched.state.speeds(NOW)
-    assert (tps[4], step[4]) == (1_000, 0.05)
-    sched.on_complete(4, req(prompt=1_000), NOW + 1, 0.5, True)  # observed: no more optimism
-    sched.state.invalidate_speeds()
-    assert sched.state.speeds(NOW + 1)[0][4] == 1_000  # the median over its own slowness (1)
+    sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
+    sched.on_complete(1, req(prompt=300), NOW, 1.5, True)
+    assert sched.state.observed_pace(pool.table.valid)[:2].tolist() == pytest.approx(
+        [1.0 / 150, 1.5 / 350])
+    embed = SchedulingRequest("m", None, 400, 0, np.empty(0, np.uint64))
+    sched.on_complete(0, embed, NOW, 2.0, True)  # generates nothing: paced by its prompt
+    assert sched.state.spot[0] == pytest.approx(1.0 / 50 + 0.2 * (2.0 / 400 - 1.0 / 50))
 
 
 def test_speed_classes_pool_similar_pods_and_keep_generations_apart():
@@ -434,7 +430,7 @@ def test_dispatch_and_complete_account_work_never_below_zero():
     # It ended before any scrape saw it: it will never show in `waiting`, so the
     # since-scrape count drops too (never below zero on the duplicate end).
     assert t.dispatched[1] == 0
-    assert sched.state.spt[1] == pytest.approx(1.0 / 40)  # per output token
+    assert sched.state.spt[1] == pytest.approx(1.0 / 340)
 
 
 def test_completion_seen_by_a_scrape_leaves_the_scrape_count_alone():

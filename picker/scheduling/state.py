@@ -4,9 +4,9 @@ The datastore's columns hold what the scrapes say plus the gateway's counters
 (`inflight`, `dispatched`, ...). This object updates those counters on
 dispatch and completion ("work, not counts": prompt and output tokens, not
 only requests) and keeps what the datastore has no column for: the prefix
-index, prompt tokens dispatched since each pod's last scrape, an observed
-seconds-per-output-token EWMA per pod (`paced_tokens`), and pool-wide mean
-request sizes. It survives config reloads; rows whose pod changed are wiped.
+index, prompt tokens dispatched since each pod's last scrape, observed seconds
+per token and per output token (EWMAs per pod), and pool-wide mean request sizes.
+It survives config reloads; rows whose pod changed are wiped.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ SPEED_REFRESH_S = 0.2
 # Learned prefill speeds within this ratio of each other are one speed class
 # (see `speed_classes`).
 SPEED_CLASS_RATIO = 1.5
+# Observed seconds per output token this far apart across a pool's pods: GPU generations
+# (see `observed_pace`); the spread of decode steps between generations is 2.5x or more.
+GENERATION_SPREAD = 2.5
 # A learned speed with no new observation for SPEED_STALE_S is not trusted: the
 # pod is given the pool median (it may have recovered from whatever made it slow;
 # it gets a few requests, and picker.datalayer.speed re-learns it from them).
@@ -61,6 +64,7 @@ class PoolState:
         self.since_tokens = np.zeros(0)
         self.since_stamp = np.zeros(0)
         self.spt = np.zeros(0)
+        self.spot = np.zeros(0)  # seconds per output token (see `observed_pace`)
         # A floor under each row's prefill speed from what the gateway saw finish: a
         # request's prefill is done before it ends, so its uncached prompt over its
         # duration is at most the speed (EWMA of those; 0 until one ended). For flow
@@ -233,10 +237,12 @@ class PoolState:
         t.outstanding_prefill[row] = max(0.0, t.outstanding_prefill[row] - req.prompt_tokens)
         t.outstanding_decode[row] = max(0.0, t.outstanding_decode[row] - req.max_tokens)
         out = req.max_tokens if output_tokens is None else output_tokens
-        tokens = paced_tokens(req.prompt_tokens, out)
+        tokens = max(req.prompt_tokens, 0) + max(out, 0)
         sample_s = origin_duration_s if remote else duration_s
         if ok and sample_s is not None and tokens > 0 and sample_s > 0:
             self.spt[row] = _ewma(self.spt[row], sample_s / tokens, POD_EWMA_ALPHA)
+            paced = out if out > 0 else tokens  # nothing generated (embeddings): the prompt
+            self.spot[row] = _ewma(self.spot[row], sample_s / paced, POD_EWMA_ALPHA)
             self._learn_floor(row, req, sample_s)
 
     def _learn_floor(self, row: int, req: SchedulingRequest, duration_s: float) -> None:
@@ -377,9 +383,8 @@ class PoolState:
         """(prefill tokens/s, decode step s) for every table row, unknown speeds filled.
 
         A pod without a learned speed gets the pool median, scaled by the
-        gateway's own observed seconds per output token of that pod relative to
-        the pool's median when it has one (else a deliberately slow default); a
-        pod with neither, idle, gets the fastest known speeds (`_explore_untried`).
+        gateway's own observed pace of that pod (`observed_pace`) relative to the
+        pool's median when it has one (else a deliberately slow default).
         Rebuilt at most every `SPEED_REFRESH_S` and on membership changes:
         speeds are learned over many requests and move slowly, and refilling
         (medians included) on every request would cost more than the rest of
@@ -392,59 +397,44 @@ class PoolState:
         valid = t.valid
         ref_tps = _median_positive(t.prefill_tps[valid], DEFAULT_PREFILL_TPS)
         ref_step = _median_positive(t.decode_step_s[valid], DEFAULT_DECODE_STEP_S)
-        ref_spt = _median_positive(self.spt[valid], 0.0)
-        slowness = np.ones(t.capacity)  # observed s/token relative to the pool's median
-        if ref_spt > 0:
-            np.divide(self.spt, ref_spt, out=slowness, where=self.spt > 0)
+        pace = self.observed_pace(valid)
+        ref_pace = _median_positive(pace[valid], 0.0)
+        slowness = np.ones(t.capacity)  # observed pace relative to the pool's median
+        if ref_pace > 0:
+            np.divide(pace, ref_pace, out=slowness, where=pace > 0)
         stale = (t.speed_seen_at > 0) & (now - t.speed_seen_at > SPEED_STALE_S)
         slowness[stale] = 1.0
         tps = np.where((t.prefill_tps > 0) & ~stale, t.prefill_tps, ref_tps / slowness)
-        step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
-        self._explore_untried(tps, step, valid)
         tps = speed_classes(tps, np.flatnonzero(valid))
+        step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
         self._speed = (tps, step)
         self._speed_at = now
         self._speed_version = self.pool.version
         return self._speed
 
-    def _explore_untried(self, tps: np.ndarray, step: np.ndarray, valid: np.ndarray) -> None:
-        """Give pods the gateway knows nothing about the fastest known speeds, in place.
+    def observed_pace(self, valid: np.ndarray) -> np.ndarray:
+        """The gateway's own speed signal per row: seconds per output token (`spot`) when
+        those of the pool's pods lie `GENERATION_SPREAD` or more apart, else seconds per
+        prompt-plus-output token (`spt`).
 
-        A pod with no learned speed and no observed duration took the pool median, and
-        the median is the majority's: in a fleet of mostly slow pods an idle fast pod
-        looked slow, got nothing, and so never showed its speed (family-0-80: 9 A10Gs, 2
-        L40S, 2 H100s; an H100 and an L40S got none of 300 requests while an A10G took the
-        p95 tail). Optimism only while nothing is in flight there: one request finds out,
-        and until it ends (and a scrape or its duration says how fast) the pod is back
-        on the median, so a slow pod is tried once, not flooded.
+        A duration is mostly decode (output tokens x the step); prompt tokens cost 50-200x
+        less each and a cached prefix nothing, so per prompt-plus-output token a slow pod
+        serving long or cached prompts looks fast: in family-0-2 (TensorRT-LLM 70B on H100s
+        and A10Gs, no speed on the page) two A10Gs read 0.0049-0.0067 s per token beside
+        H100s at 0.004-0.006, joined their speed class and took the p95 tail. Per output
+        token the generations stand apart as their decode steps do. But where the pods are
+        alike the per-output figure is the noisier (it carries the queue wait and prefill
+        of short-output requests): used everywhere, uniform pools lost up to 30 % p95
+        (docs/benchmarks.md). So it is used only where it shows generations.
         """
-        t = self.pool.table
-        untried = valid & (t.prefill_tps <= 0) & (self.spt <= 0) & (t.inflight <= 0)
-        known = valid & ~untried
-        if untried.any() and known.any():
-            tps[untried] = tps[known].max()
-            step[untried] = step[known].min()
+        seen = self.spot[valid & (self.spot > 0)]
+        if len(seen) >= 2 and seen.max() >= GENERATION_SPREAD * seen.min():
+            return self.spot
+        return self.spt
 
     def invalidate_speeds(self) -> None:
         """Make the next `speeds` call re-read the table (tests, or after a bulk update)."""
         self._speed_at = -math.inf
-
-
-def paced_tokens(prompt_tokens: int, output_tokens: int) -> float:
-    """The tokens a request's duration is divided by for the observed speed (`spt`).
-
-    Output tokens, when the request makes any: a request's duration is its decode
-    (output tokens x the pod's step) plus a prefill that costs 50-200x less per token,
-    and nothing for a cached prefix. Per prompt-plus-output token, a pod serving long or
-    cached prompts looked fast: in family-0-2 (70B on H100s and A10Gs, TensorRT-LLM:
-    no latency histograms, so this is the only speed signal) an A10G read 0.0049 s per
-    token beside H100s at 0.004-0.006 and shared their speed class. Per output token
-    the two read ~3x apart, as their decode steps are. A request generating nothing
-    (embeddings) is paced by its prompt.
-    """
-    if output_tokens > 0:
-        return float(output_tokens)
-    return float(max(prompt_tokens, 0))
 
 
 def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -480,7 +470,7 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 _ROW_ARRAYS = (
-    "since_tokens", "since_stamp", "spt", "slots", "slot_stamp", "slot_running",
+    "since_tokens", "since_stamp", "spt", "spot", "slots", "slot_stamp", "slot_running",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
     "prefill_floor", "adapter_slots",
 )
