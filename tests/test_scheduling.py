@@ -230,13 +230,19 @@ def test_observed_pace_is_per_output_token_where_the_pods_are_generations_apart(
 
 def test_observed_pace_is_per_token_where_the_pods_are_alike():
     # Per output token alike pods read apart by their requests' queue waits and prompts:
-    # under GENERATION_SPREAD the steadier per-token figure is used.
+    # without a GENERATION_GAP the steadier per-token figure is used.
     pool = make_pool(2, decode_step_s=[0.0] * 2)
     sched = Scheduler(pool)
     sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
     sched.on_complete(1, req(prompt=300), NOW, 1.5, True)
     assert sched.state.observed_pace(pool.table.valid)[:2].tolist() == pytest.approx(
         [1.0 / 150, 1.5 / 350])
+    # Alike pods can read 2.75x apart end to end, but in small steps: no gap.
+    alike = make_pool(4, decode_step_s=[0.0] * 4)
+    noisy = Scheduler(alike)
+    for row, duration in enumerate((1.0, 1.5, 2.0, 2.75)):
+        noisy.on_complete(row, req(prompt=100), NOW, duration, True)
+    assert noisy.state.observed_pace(alike.table.valid) is noisy.state.spt
     embed = SchedulingRequest("m", None, 400, 0, np.empty(0, np.uint64))
     sched.on_complete(0, embed, NOW, 2.0, True)  # generates nothing: paced by its prompt
     assert sched.state.spot[0] == pytest.approx(1.0 / 50 + 0.2 * (2.0 / 400 - 1.0 / 50))

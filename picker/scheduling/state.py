@@ -35,9 +35,10 @@ SPEED_REFRESH_S = 0.2
 # Learned prefill speeds within this ratio of each other are one speed class
 # (see `speed_classes`).
 SPEED_CLASS_RATIO = 1.5
-# Observed seconds per output token this far apart across a pool's pods: GPU generations
-# (see `observed_pace`); the spread of decode steps between generations is 2.5x or more.
-GENERATION_SPREAD = 2.5
+# A gap this wide between two pods' observed seconds per output token (sorted, next to
+# each other) shows GPU generations (see `observed_pace`): an A10G's decode step is ~2.7x
+# an H100's, ~3x an A100's; alike pods read apart by noise, in small steps.
+GENERATION_GAP = 2.0
 # A learned speed with no new observation for SPEED_STALE_S is not trusted: the
 # pod is given the pool median (it may have recovered from whatever made it slow;
 # it gets a few requests, and picker.datalayer.speed re-learns it from them).
@@ -414,8 +415,8 @@ class PoolState:
 
     def observed_pace(self, valid: np.ndarray) -> np.ndarray:
         """The gateway's own speed signal per row: seconds per output token (`spot`) when
-        those of the pool's pods lie `GENERATION_SPREAD` or more apart, else seconds per
-        prompt-plus-output token (`spt`).
+        those of the pool's pods, sorted, show a gap of `GENERATION_GAP` or more, else
+        seconds per prompt-plus-output token (`spt`).
 
         A duration is mostly decode (output tokens x the step); prompt tokens cost 50-200x
         less each and a cached prefix nothing, so per prompt-plus-output token a slow pod
@@ -424,11 +425,12 @@ class PoolState:
         H100s at 0.004-0.006, joined their speed class and took the p95 tail. Per output
         token the generations stand apart as their decode steps do. But where the pods are
         alike the per-output figure is the noisier (it carries the queue wait and prefill
-        of short-output requests): used everywhere, uniform pools lost up to 30 % p95
-        (docs/benchmarks.md). So it is used only where it shows generations.
+        of short-output requests): used everywhere, uniform pools lost up to 30 % p95, and
+        gated on the spread (fastest to slowest, 2.5x) eight alike A10Gs still passed
+        (docs/benchmarks.md). So it is used only where a gap shows generations.
         """
-        seen = self.spot[valid & (self.spot > 0)]
-        if len(seen) >= 2 and seen.max() >= GENERATION_SPREAD * seen.min():
+        seen = np.sort(self.spot[valid & (self.spot > 0)])
+        if len(seen) >= 2 and (seen[1:] >= GENERATION_GAP * seen[:-1]).any():
             return self.spot
         return self.spt
 
