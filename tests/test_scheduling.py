@@ -253,6 +253,41 @@ def test_predicted_latency_unknown_speed_uses_pool_median_and_observed_speed():
     assert tps[3] == pytest.approx(5_000)
 
 
+def test_observed_pace_is_per_output_token_where_the_pods_are_generations_apart():
+    # Pod 1 is the slow generation (3x the time for the same output) but serves long,
+    # cached prompts: per prompt-plus-output token it read ~5x faster than pods 0 and 2.
+    pool = make_pool(3, decode_step_s=[0.0] * 3)
+    sched = Scheduler(pool)
+    for _ in range(5):
+        sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
+        sched.on_complete(1, req(prompt=3_000), NOW, 3.0, True)
+        sched.on_complete(2, req(prompt=100), NOW, 1.0, True)
+    valid = pool.table.valid
+    assert sched.state.observed_pace(valid)[:3].tolist() == pytest.approx([0.02, 0.06, 0.02])
+    tps, step = sched.state.speeds(NOW)
+    assert tps[1] == pytest.approx(tps[0] / 3) and step[1] == pytest.approx(step[0] * 3)
+
+
+def test_observed_pace_is_per_token_where_the_pods_are_alike():
+    # Per output token alike pods read apart by their requests' queue waits and prompts:
+    # without a GENERATION_GAP the steadier per-token figure is used.
+    pool = make_pool(2, decode_step_s=[0.0] * 2)
+    sched = Scheduler(pool)
+    sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
+    sched.on_complete(1, req(prompt=300), NOW, 1.5, True)
+    assert sched.state.observed_pace(pool.table.valid)[:2].tolist() == pytest.approx(
+        [1.0 / 150, 1.5 / 350])
+    # Alike pods can read 2.75x apart end to end, but in small steps: no gap.
+    alike = make_pool(4, decode_step_s=[0.0] * 4)
+    noisy = Scheduler(alike)
+    for row, duration in enumerate((1.0, 1.5, 2.0, 2.75)):
+        noisy.on_complete(row, req(prompt=100), NOW, duration, True)
+    assert noisy.state.observed_pace(alike.table.valid) is noisy.state.spt
+    embed = SchedulingRequest("m", None, 400, 0, np.empty(0, np.uint64))
+    sched.on_complete(0, embed, NOW, 2.0, True)  # generates nothing: paced by its prompt
+    assert sched.state.spot[0] == pytest.approx(1.0 / 50 + 0.2 * (2.0 / 400 - 1.0 / 50))
+
+
 def test_speed_classes_pool_similar_pods_and_keep_generations_apart():
     tps = np.array([1_200.0, 9_500.0, 1_510.0, 1_364.0, 0.0, 9_000.0, 1_260.0])
     rows = np.array([0, 1, 2, 3, 5, 6])  # row 4 is not a pod

@@ -4,9 +4,9 @@ The datastore's columns hold what the scrapes say plus the gateway's counters
 (`inflight`, `dispatched`, ...). This object updates those counters on
 dispatch and completion ("work, not counts": prompt and output tokens, not
 only requests) and keeps what the datastore has no column for: the prefix
-index, prompt tokens dispatched since each pod's last scrape, an observed
-seconds-per-token EWMA per pod, and pool-wide mean request sizes. It survives
-config reloads; rows whose pod changed are wiped.
+index, prompt tokens dispatched since each pod's last scrape, observed seconds
+per token and per output token (EWMAs per pod), and pool-wide mean request sizes.
+It survives config reloads; rows whose pod changed are wiped.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ SPEED_CLASS_RATIO = 1.5
 # scrape is ~flushInterval old when it arrives, and more than this many sends to one pod
 # inside that window would be a burst the oldest of which the scrape has seen anyway.
 RECENT_SENDS = 32
+# A gap this wide between two pods' observed seconds per output token (sorted, next to
+# each other) shows GPU generations (see `observed_pace`): an A10G's decode step is ~2.7x
+# an H100's, ~3x an A100's; alike pods read apart by noise, in small steps.
+GENERATION_GAP = 2.0
 # A learned speed with no new observation for SPEED_STALE_S is not trusted: the
 # pod is given the pool median (it may have recovered from whatever made it slow;
 # it gets a few requests, and picker.datalayer.speed re-learns it from them).
@@ -65,6 +69,7 @@ class PoolState:
         self.since_tokens = np.zeros(0)
         self.since_stamp = np.zeros(0)
         self.spt = np.zeros(0)
+        self.spot = np.zeros(0)  # seconds per output token (see `observed_pace`)
         # A floor under each row's prefill speed from what the gateway saw finish: a
         # request's prefill is done before it ends, so its uncached prompt over its
         # duration is at most the speed (EWMA of those; 0 until one ended). For flow
@@ -251,6 +256,8 @@ class PoolState:
         sample_s = origin_duration_s if remote else duration_s
         if ok and sample_s is not None and tokens > 0 and sample_s > 0:
             self.spt[row] = _ewma(self.spt[row], sample_s / tokens, POD_EWMA_ALPHA)
+            paced = out if out > 0 else tokens  # nothing generated (embeddings): the prompt
+            self.spot[row] = _ewma(self.spot[row], sample_s / paced, POD_EWMA_ALPHA)
             self._learn_floor(row, req, sample_s)
 
     def _learn_floor(self, row: int, req: SchedulingRequest, duration_s: float) -> None:
@@ -421,7 +428,7 @@ class PoolState:
         """(prefill tokens/s, decode step s) for every table row, unknown speeds filled.
 
         A pod without a learned speed gets the pool median, scaled by the
-        gateway's own observed seconds-per-token of that pod relative to the
+        gateway's own observed pace of that pod (`observed_pace`) relative to the
         pool's median when it has one (else a deliberately slow default).
         Rebuilt at most every `SPEED_REFRESH_S` and on membership changes:
         speeds are learned over many requests and move slowly, and refilling
@@ -435,10 +442,11 @@ class PoolState:
         valid = t.valid
         ref_tps = _median_positive(t.prefill_tps[valid], DEFAULT_PREFILL_TPS)
         ref_step = _median_positive(t.decode_step_s[valid], DEFAULT_DECODE_STEP_S)
-        ref_spt = _median_positive(self.spt[valid], 0.0)
-        slowness = np.ones(t.capacity)  # observed s/token relative to the pool's median
-        if ref_spt > 0:
-            np.divide(self.spt, ref_spt, out=slowness, where=self.spt > 0)
+        pace = self.observed_pace(valid)
+        ref_pace = _median_positive(pace[valid], 0.0)
+        slowness = np.ones(t.capacity)  # observed pace relative to the pool's median
+        if ref_pace > 0:
+            np.divide(pace, ref_pace, out=slowness, where=pace > 0)
         stale = (t.speed_seen_at > 0) & (now - t.speed_seen_at > SPEED_STALE_S)
         slowness[stale] = 1.0
         tps = np.where((t.prefill_tps > 0) & ~stale, t.prefill_tps, ref_tps / slowness)
@@ -448,6 +456,27 @@ class PoolState:
         self._speed_at = now
         self._speed_version = self.pool.version
         return self._speed
+
+    def observed_pace(self, valid: np.ndarray) -> np.ndarray:
+        """The gateway's own speed signal per row: seconds per output token (`spot`) when
+        those of the pool's pods, sorted, show a gap of `GENERATION_GAP` or more, else
+        seconds per prompt-plus-output token (`spt`).
+
+        A duration is mostly decode (output tokens x the step); prompt tokens cost 50-200x
+        less each and a cached prefix nothing, so per prompt-plus-output token a slow pod
+        serving long or cached prompts looks fast: in family-0-2 (TensorRT-LLM 70B on H100s
+        and A10Gs, no speed on the page) two A10Gs read 0.0049-0.0067 s per token beside
+        H100s at 0.004-0.006, joined their speed class and took the p95 tail. Per output
+        token the generations stand apart as their decode steps do. But where the pods are
+        alike the per-output figure is the noisier (it carries the queue wait and prefill
+        of short-output requests): used everywhere, uniform pools lost up to 30 % p95, and
+        gated on the spread (fastest to slowest, 2.5x) eight alike A10Gs still passed
+        (docs/benchmarks.md). So it is used only where a gap shows generations.
+        """
+        seen = np.sort(self.spot[valid & (self.spot > 0)])
+        if len(seen) >= 2 and (seen[1:] >= GENERATION_GAP * seen[:-1]).any():
+            return self.spot
+        return self.spt
 
     def invalidate_speeds(self) -> None:
         """Make the next `speeds` call re-read the table (tests, or after a bulk update)."""
@@ -487,7 +516,7 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 _ROW_ARRAYS = (
-    "since_tokens", "since_stamp", "spt", "slots", "slot_stamp", "slot_running",
+    "since_tokens", "since_stamp", "spt", "spot", "slots", "slot_stamp", "slot_running",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
     "prefill_floor", "adapter_slots", "recent_next",
 )
