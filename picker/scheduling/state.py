@@ -94,7 +94,8 @@ class PoolState:
         # adapter slot where the engine does not say (SGLang, TensorRT-LLM publish no
         # adapter metrics), filters.lora_state.
         self.adapter_inflight = np.zeros((0, MAX_ADAPTERS))
-        # There, the most adapters each pod was seen running at once (`_learn_adapter_slots`).
+        # There, the most adapters the pool's pods were seen running at once, the same in
+        # every row (`_learn_adapter_slots`); a replaced pod's row is 0 until the next scrape.
         self.adapter_slots = np.zeros(0)
         # Each row's last RECENT_SENDS dispatches of this replica: when, and their prompt
         # tokens; `recent_next` is the ring's next slot. Read only by `scrape_dated`.
@@ -326,11 +327,8 @@ class PoolState:
         adapter-affine's 2)."""
         t = self.pool.table
         distinct = np.count_nonzero(self.adapter_inflight[index], axis=1)
-        seen = np.minimum(distinct, t.running[index])
-        idle_queue = fresh & (t.waiting[index] < 1.0)
-        self.adapter_slots[index] = np.where(
-            idle_queue, np.maximum(self.adapter_slots[index], seen), self.adapter_slots[index])
-        self.adapter_slots[:] = self.adapter_slots.max(initial=0.0)
+        seen = np.minimum(distinct, t.running[index])[fresh & (t.waiting[index] < 1.0)]
+        self.adapter_slots[:] = max(self.adapter_slots.max(initial=0.0), seen.max(initial=0.0))
 
     def _adapter_bound(self, index: slice | np.ndarray) -> np.ndarray:
         """Rows whose queue may wait for an adapter slot: an adapter is waiting there that
