@@ -747,8 +747,17 @@ def _tenants(data: Any, path: str) -> TenantsConfig | None:
 def _check_tenants(
     tenants: TenantsConfig, jwt: JwtConfig | None, schedulers: tuple[SchedulerConfig, ...]
 ) -> None:
-    """What only the whole spec can tell: the claim needs JWT, API keys exclude it
-    (both are `Authorization: Bearer`), per-model limits name served models."""
+    """What only the whole spec can tell; per-model limits name served models."""
+    served = {name for s in schedulers for name in (s.model_name, *s.lora_adapters)}
+    check_tenancy(tenants, jwt, served,
+                  "no scheduler serves this model (a modelName or loraAdapters entry)")
+
+
+def check_tenancy(tenants: TenantsConfig, jwt: JwtConfig | None, models: set[str],
+                  unknown_model: str) -> None:
+    """spec.tenants against the rest of a spec (a gateway's or the global router's): the
+    claim needs JWT, API keys exclude it (both are `Authorization: Bearer`), and every
+    per-model limit names one of `models` (else `unknown_model` says why not)."""
     if tenants.jwt_claim is not None and jwt is None:
         raise ConfigError("spec.tenants.jwtClaim: needs spec.auth.jwt (the verified token)")
     if tenants.keys_file is not None and jwt is not None:
@@ -756,14 +765,10 @@ def _check_tenants(
             "spec.tenants.keysFile: not with spec.auth.jwt (both are `Authorization: Bearer`); "
             "use jwtClaim to name the tenant from the token"
         )
-    served = {name for s in schedulers for name in (s.model_name, *s.lora_adapters)}
     for i, tenant in enumerate(tenants.tenants):
         for model in tenant.model_limits:
-            if model not in served:
-                raise ConfigError(
-                    f"spec.tenants.list[{i}].modelLimits.{model}: no scheduler serves this "
-                    "model (a modelName or loraAdapters entry)"
-                )
+            if model not in models:
+                raise ConfigError(f"spec.tenants.list[{i}].modelLimits.{model}: {unknown_model}")
 
 
 def listener_fields(f: _Fields, address: str, port: int) -> tuple[str, int]:

@@ -47,6 +47,7 @@ from contract.config import (
     _tenants,
     _tls,
     _typed,
+    check_tenancy,
     check_unique,
     listener_fields,
     model_mapping,
@@ -358,25 +359,6 @@ def _check_residency(
                 )
 
 
-def _check_tenants(tenants: TenantsConfig, jwt: JwtConfig | None,
-                   models: tuple[ModelPolicy, ...]) -> None:
-    """As Tier 1: the claim needs a verified token, API keys exclude it (both are
-    `Authorization: Bearer`); per-model limits name a model that `spec.models` lists."""
-    if tenants.jwt_claim is not None and jwt is None:
-        raise ConfigError("spec.tenants.jwtClaim: needs spec.auth.jwt (the verified token)")
-    if tenants.keys_file is not None and jwt is not None:
-        raise ConfigError(
-            "spec.tenants.keysFile: not with spec.auth.jwt (both are `Authorization: Bearer`); "
-            "use jwtClaim to name the tenant from the token")
-    listed = {m.model for m in models}
-    for i, tenant in enumerate(tenants.tenants):
-        for model in tenant.model_limits:
-            if model not in listed:
-                raise ConfigError(
-                    f"spec.tenants.list[{i}].modelLimits.{model}: not a model of spec.models"
-                )
-
-
 def _ports(f: _Fields, d: GlobalRouterConfig) -> dict[str, int]:
     ports = _Fields(f.take("ports"), f.at("ports"))
     values = {
@@ -421,7 +403,7 @@ def parse_global_config(doc: Any) -> GlobalRouterConfig:
     policies = [(f"spec.models[{i}]", m) for i, m in enumerate(models)]
     _check_residency([*policies, ("spec.defaultPolicy", default)], regions)
     if tenants is not None:
-        _check_tenants(tenants, jwt, models)
+        check_tenancy(tenants, jwt, {m.model for m in models}, "not a model of spec.models")
     return GlobalRouterConfig(
         regions=regions, models=models, default_policy=default, name=name, namespace=namespace,
         tls=tls, bbr=bbr, listen_address=address, listen_port=port, failure_mode=failure,
