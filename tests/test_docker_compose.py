@@ -293,19 +293,29 @@ def test_requests_go_to_the_pod_the_picker_chose(
         client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=2
         )
+    done = time.time()
+
+    def scraped_since_done() -> bool:
+        # Each target is scraped at its own moment: read the counts only once every
+        # gateway and pod was scraped after the last request (equal sums alone are
+        # not enough: one pod's count ahead and another's behind add up the same).
+        result = stack.prometheus_query('min(timestamp(up{job=~"igw-gateway|igw-pods"}))')
+        targets = stack.prometheus_query('count(up{job=~"igw-gateway|igw-pods"} == 1)')
+        if not result or not targets:
+            return False
+        up = int(targets[0]["value"][1])
+        return float(result[0]["value"][1]) > done and up == len(GATEWAYS) + len(PODS)
+
+    wait_for("every gateway and pod scraped after the requests", scraped_since_done,
+             SCRAPE_TIMEOUT_S, 1)  # fmt: skip
 
     def per_pod(query: str, label: str) -> dict[str, float]:
         return {r["metric"][label]: float(r["value"][1]) for r in stack.prometheus_query(query)}
 
-    def settled() -> tuple[dict[str, float], dict[str, float]] | None:
-        # Both replicas pick: their picks per pod summed.
-        picks = per_pod('sum by (pod) (igw_pod_picks_total{job="igw-gateway"})', "pod")
-        served = per_pod(SERVED_PER_POD, "instance")
-        if sum(picks.values()) >= 12 and sum(picks.values()) == sum(served.values()):
-            return picks, served
-        return None
-
-    picks, served = wait_for("picks and served counts scraped", settled, SCRAPE_TIMEOUT_S, 2)
+    # Both replicas pick: their picks per pod summed.
+    picks = per_pod('sum by (pod) (igw_pod_picks_total{job="igw-gateway"})', "pod")
+    served = per_pod(SERVED_PER_POD, "instance")
+    assert sum(picks.values()) >= 12
     assert picks == served
 
 

@@ -267,4 +267,6 @@ def test_delay_proxy_adds_the_round_trip_time(tmp_path: Path) -> None:
             await server.wait_closed()
 
     first, second = asyncio.run(main())
-    assert 0.08 <= first < 1.0 and 0.3 <= second < 1.5
+    # Less 1 ms: CI measured 0.07979 s once on this VM, whose clock the timers and
+    # time.monotonic() read slightly differently; a missing delay is 40 ms short.
+    assert 0.079 <= first < 1.0 and 0.299 <= second < 1.5
