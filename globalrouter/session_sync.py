@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from redis.exceptions import RedisError
 
 from globalrouter.affinity import RegionAffinity
 from picker.cancellation import cancel_and_wait
+from picker.coordination.backoff import Backoff
 
 log = logging.getLogger("globalrouter.session_sync")
 
@@ -41,8 +41,6 @@ OUTBOX_MAX = 10_000
 STREAM_MAXLEN = 10_000
 READ_COUNT = 500
 WARM_ENTRIES = 1_000
-BACKOFF_MIN_S = 0.05
-BACKOFF_MAX_S = 2.0
 STOP_TIMEOUT_S = 2.0
 
 
@@ -105,7 +103,7 @@ class SessionSync:
                 "adopted": self.adopted, "errors": self.errors, "pending": len(self.outbox)}
 
     async def _run(self) -> None:
-        backoff = BACKOFF_MIN_S
+        backoff = Backoff()
         warm = True
         while True:
             try:
@@ -120,13 +118,12 @@ class SessionSync:
                     log.warning("session sync failed, retrying with backoff: %s: %s",
                                 type(exc).__name__, str(exc)[:200])
                 self.connected = False
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                await backoff.sleep()
                 continue
             if not self.connected:
                 log.info("session sync connected")
             self.connected = True
-            backoff = BACKOFF_MIN_S
+            backoff.reset()
             await asyncio.sleep(FLUSH_S)
 
     async def _warm(self) -> None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from contract.config import CoordinationConfig, GatewayConfig
 from picker.cancellation import cancel_and_wait
 from picker.coordination import snapshot
+from picker.coordination.backoff import Backoff
 from picker.coordination.bus import Bus, BusError
 from picker.coordination.clock import ServerClock
 from picker.coordination.codec import CodecError, decode_batch, encode_batches
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("picker.coordination")
 
-BACKOFF_MIN_S = 0.05
-BACKOFF_MAX_S = 2.0
 # A final flush and bye on stop get this long at most (the process is exiting).
 STOP_TIMEOUT_S = 1.0
 # Cancelled loops end within this (one blocked in XREAD ends at once; see cancellation).
@@ -138,7 +137,7 @@ class Coordinator:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        backoff = BACKOFF_MIN_S
+        backoff = Backoff()
         while True:
             started = loop.time()
             try:
@@ -156,10 +155,9 @@ class Coordinator:
             if self.stats.connected:
                 self.stats.reconnects += 1
             self.stats.connected = False
-            if loop.time() - started > BACKOFF_MAX_S:
-                backoff = BACKOFF_MIN_S
-            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            if loop.time() - started > backoff.max_s:
+                backoff.reset()
+            await backoff.sleep()
 
     async def _warm(self) -> None:
         """First connection: load the newest snapshot, start the streams where it says."""

@@ -40,12 +40,12 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
 from picker.cancellation import cancel_and_wait
+from picker.coordination.backoff import Backoff
 from picker.coordination.replicas import default_replica_id
 
 if TYPE_CHECKING:
@@ -53,10 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("picker.tenants.limits")
 
-BACKOFF_MIN_S = 0.05
 # Every key is in a sync at least this often, used or not.
 IDLE_REFRESH_S = 1.0
-BACKOFF_MAX_S = 2.0
 STOP_TIMEOUT_S = 1.0
 # Values sent per key: name; limits of requests, tokens, concurrency (-1: none); this
 # replica's requests and tokens in the current and the previous window; its in-flight;
@@ -242,7 +240,7 @@ class LimitSync:
                 "last_sync_error": self.last_error}
 
     async def _run(self) -> None:
-        backoff = BACKOFF_MIN_S
+        backoff = Backoff()
         while True:
             try:
                 await self.sync_once()
@@ -254,13 +252,12 @@ class LimitSync:
                     log.warning("limits sync failed, retrying with backoff: %s",
                                 self.last_error)
                 self.connected = False
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                await backoff.sleep()
                 continue
             if not self.connected:
                 log.info("limits sync connected (%d replicas live)", self.limiter.replicas)
             self.connected = True
-            backoff = BACKOFF_MIN_S
+            backoff.reset()
             await asyncio.sleep(self.limiter.sync_interval_s)
 
     async def sync_once(self) -> None:
