@@ -74,7 +74,6 @@ class GlobalDirector:
         self.affine: Counter[str] = Counter()  # what affinity did → requests
         self.placed: Counter[str] = Counter()  # first-choice region → requests
         self.refused: Counter[int] = Counter()  # status → requests answered here
-        self.completed: Counter[tuple[str, int]] = Counter()
 
     def reconfigure(self, config: GlobalRouterConfig) -> None:
         """A reloaded config (globalrouter.reload): policies, tenants and limits from it."""
@@ -144,9 +143,8 @@ class GlobalDirector:
         self._release(decision)
 
     def complete(self, decision: GlobalDecision) -> None:
-        """The HTTP request ended: its concurrency slot back, its outcome counted."""
+        """The HTTP request ended: its concurrency slot back."""
         self._release(decision)
-        self.completed[(decision.region, decision.status)] += 1
 
     def _release(self, decision: GlobalDecision) -> None:
         grant = decision.grant
