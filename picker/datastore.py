@@ -61,6 +61,9 @@ FLOAT_COLUMNS = (
     # the engine's prompt-token counter (tokens whose prefill completed) as last scraped;
     # NaN when the engine does not publish it (picker.scheduling.state's prefill backlog)
     "prompt_tokens_total",
+    # a counter that moves with the engine's steps as last scraped (iterations, else
+    # tokens generated); NaN when the page has neither (PoolState.slot_limits)
+    "engine_steps",
     # when a scrape last brought speed observations (picker.datalayer.speed forgets by it)
     "speed_seen_at",
 )

@@ -42,10 +42,11 @@ def test_each_engine_page_yields_its_gauges(engine: str) -> None:
 
 
 def test_triton_trtllm_page_has_no_speed_series() -> None:
-    """Triton's TensorRT-LLM backend exports gauges only: nothing for the speed learner."""
+    """Triton's TensorRT-LLM backend exports gauges only: nothing for the speed learner
+    (its iteration counter only says that the engine stepped, PoolState.slot_limits)."""
     snap = parse_metrics(render("trtllm", busy_state()), TRTLLM)
     assert set(snap.values) == {Signal.WAITING, Signal.RUNNING, Signal.KV_USAGE,
-                                Signal.KV_BLOCK_SIZE, Signal.KV_NUM_BLOCKS}
+                                Signal.KV_BLOCK_SIZE, Signal.KV_NUM_BLOCKS, Signal.ITERATIONS}
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -1,8 +1,9 @@
 """Batch slots and tenants' fair shares of them: unit tests (no processes).
 
 - PoolState.slot_limits learns a pod's slots from its scrapes (running while
-  requests wait with KV to spare), never from a KV-bound queue or one that may wait
-  for an adapter slot, and raises an underestimate; flow control bounds the pool's
+  requests wait with KV to spare, across an engine step), never from a KV-bound queue,
+  one within a step (a token-budget wait) or one that may wait for an adapter slot, and
+  raises an underestimate; flow control bounds the pool's
   requests by its slots + slotAllowance per pod (which pod stays the scorers' choice); unknown slots
   leave today's behaviour; the pick prefers a free slot only while tenants
   share the slots.
@@ -42,10 +43,13 @@ from tests.test_scheduling_flow import NOW, make_pool, req
 ROWS = np.arange(2)
 
 
-def scrape(pool, row: int, running: float, waiting: float, kv: float = 0.1) -> None:
-    """A new scrape of `row` (a later `scraped_at`) showing these figures."""
+def scrape(pool, row: int, running: float, waiting: float, kv: float = 0.1,
+           steps: float = 1.0) -> None:
+    """A new scrape of `row` (a later `scraped_at`) showing these figures, the engine
+    `steps` further on (its step counter: iterations, or tokens generated)."""
     t = pool.table
     t.running[row], t.waiting[row], t.kv_usage[row] = running, waiting, kv
+    t.engine_steps[row] += steps
     t.scraped_at[row] += 0.05
 
 
@@ -86,6 +90,26 @@ def test_slots_are_learned_from_a_steady_queue_with_kv_to_spare_only():
     assert both(6, 0, 8, 1) == [6, 0]  # once known, any higher running raises it
     assert both(1, 0, 8, 2) == [6, 8]  # a quiet scrape never lowers it
     assert pool_slots(state, ROWS) == 14.0
+
+
+def test_a_queue_within_one_engine_step_teaches_no_slots():
+    """Two scrapes inside one long step (a prefill of a full token budget) both show its
+    queue and the same `running`: the queue waits for the next step's budget, not for a
+    slot, so nothing is learned until a step passed between two such scrapes. A page
+    without a step counter (NaN) learns as before."""
+    pool = make_pool(2)
+    sched = Scheduler(pool)
+    state = sched.state
+    for _ in range(4):
+        for row in (0, 1):
+            scrape(pool, row, 14, 3, steps=0.0)
+        assert state.slot_limits(ROWS).tolist() == [0, 0]
+    scrape(pool, 0, 14, 3)  # a step later the queue is still there, 14 still run: a limit
+    scrape(pool, 1, 14, 3, steps=0.0)
+    assert state.slot_limits(ROWS).tolist() == [14, 0]
+    pool.table.engine_steps[1] = np.nan  # no counter on the page: two scrapes suffice
+    scrape(pool, 1, 14, 3)
+    assert state.slot_limits(ROWS).tolist() == [14, 14]
 
 
 def test_a_queue_that_may_wait_for_an_adapter_slot_teaches_no_batch_slots():

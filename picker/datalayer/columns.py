@@ -29,6 +29,7 @@ WRITTEN_COLUMNS = (
     "waiting", "running", "kv_usage", "max_lora", "kv_block_size", "kv_num_blocks",
     "lora_running", "lora_waiting",  # (rows, MAX_ADAPTERS) bool matrices
     "prefill_tps", "decode_step_s", "ttft_s", "queue_s", *RAW_COLUMNS, "prompt_tokens_total",
+    "engine_steps",
     # through Pool.mark_scrape (which also zeroes `dispatched` on a good scrape)
     "scraped_at", "scrape_failures", "metrics_ok",
 )
@@ -44,6 +45,8 @@ def write_snapshot(pool: Pool, row: int, snapshot: MetricsSnapshot, learner: Spe
     # NaN, not 0, when absent: the scheduler's prefill backlog must tell "no counter"
     # from "nothing prefilled yet"
     table.prompt_tokens_total[row] = values.get(Signal.PROMPT_TOKENS, math.nan)
+    table.engine_steps[row] = values.get(Signal.ITERATIONS,
+                                         values.get(Signal.GENERATION_TOKENS, math.nan))
     _write_lora(pool, row, snapshot)
     learner.update(table, row, snapshot, now)
     pool.mark_scrape(row, True, now=now)

@@ -40,6 +40,7 @@ class Signal(StrEnum):
     TPOT_COUNT = "tpot_count"
     PROMPT_TOKENS = "prompt_tokens"
     GENERATION_TOKENS = "generation_tokens"
+    ITERATIONS = "iterations"  # engine steps run (TensorRT-LLM's iteration counter)
     # prompt tokens of *finished* requests (histogram sum): observed at the same
     # moment as the prefill-time histogram, so the two deltas cover the same requests
     FINISHED_PROMPT_TOKENS = "finished_prompt_tokens"
@@ -206,6 +207,7 @@ TRTLLM = EngineProfile(
         ('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}',
          Signal.KV_BLOCK_SIZE),
         ('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}', Signal.KV_NUM_BLOCKS),
+        ('nv_trt_llm_general_metrics{general_type="iteration_counter"}', Signal.ITERATIONS),
     ),
 )
 

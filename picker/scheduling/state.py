@@ -27,6 +27,8 @@ POOL_EWMA_ALPHA = 0.05
 DEFAULT_PREFILL_TPS = 1000.0
 # A finished request's sample counts for at most this many times the current floor.
 FLOOR_GROWTH = 2.0
+# The prefill floor (the best recent proof of speed) loses this share per finished request.
+FLOOR_DECAY = 0.05
 DEFAULT_DECODE_STEP_S = 0.03
 DEFAULT_PROMPT_TOKENS = 512.0
 DEFAULT_OUTPUT_TOKENS = 256.0
@@ -72,8 +74,9 @@ class PoolState:
         self.spot = np.zeros(0)  # seconds per output token (see `observed_pace`)
         # A floor under each row's prefill speed from what the gateway saw finish: a
         # request's prefill is done before it ends, so its uncached prompt over its
-        # duration is at most the speed (EWMA of those; 0 until one ended). For flow
-        # control, on pods whose engine exports no speed (picker.scheduling.flow).
+        # duration is at most the speed (the best recent one, `_learn_floor`; 0 until
+        # one ended). For flow control, on pods whose engine exports no speed
+        # (picker.scheduling.flow).
         self.prefill_floor = np.zeros(0)
         # Prefill backlog (see `prefill_backlog`): prompt tokens sent to each row in
         # total, those not yet prefilled as of the last folded scrape, and that
@@ -105,10 +108,12 @@ class PoolState:
         # Each row's learned batch slots (concurrent requests the engine runs), 0 while
         # unknown: see `slot_limits`. And this replica's requests per tenant (fair shares).
         self.slots = np.zeros(0)
-        # The last scrape `slot_limits` looked at per row, and its `running` if it
-        # showed a queue with KV to spare (else -1): two such in a row teach the slots.
+        # The last scrape `slot_limits` looked at per row, its `running` if it showed a
+        # queue with KV to spare (else -1), and its step counter: two such in a row with
+        # an engine step between them teach the slots.
         self.slot_stamp = np.zeros(0)
         self.slot_running = np.zeros(0)
+        self.slot_steps = np.zeros(0)
         self.shares = TenantShares()
         self._speed_at = -math.inf
         self._speed_version = -1
@@ -263,16 +268,20 @@ class PoolState:
 
     def _learn_floor(self, row: int, req: SchedulingRequest, duration_s: float) -> None:
         """One finished request's proof of speed, uncached prompt over duration, folded
-        into the row's floor; a sample counts for at most twice the floor (or the
-        default speed), so the floor grows at most 1.2x per request. The gateway does not
-        see a response's status (no response phase), so a request an engine refused at
-        once (a 400 for a prompt too long, a 500) looks like a fast one: the cap keeps a
-        few of those from lifting the floor far; sustained fast answers, a fast pod,
-        still lift it within tens of requests."""
+        into the row's floor: each proof is a lower bound, so the floor is the best
+        recent one, decaying `FLOOR_DECAY` per request so that a pod that slowed down
+        is not held to what it once proved. An EWMA of the proofs sat 20-100x under the
+        true speed (a duration is mostly decode: family-0-6's L40S pods, 22,500 prompt
+        tokens/s, read 213-252), and flow control then held a pool that had room
+        (docs/benchmarks.md). A sample counts for at most twice the floor (or the
+        default speed): the gateway does not see a response's status (no response
+        phase), so a request an engine refused at once (a 400 for a prompt too long, a
+        500) looks like a fast one, and the cap keeps one of those to a doubling, which
+        the decay takes back within ~14 requests."""
         uncached = max(req.prompt_tokens, 0) * (1.0 - self.cached_share[row])
         floor = self.prefill_floor[row]
         sample = min(uncached / duration_s, FLOOR_GROWTH * max(floor, DEFAULT_PREFILL_TPS))
-        self.prefill_floor[row] = _ewma(floor, sample, POD_EWMA_ALPHA)
+        self.prefill_floor[row] = max(sample, floor * (1.0 - FLOOR_DECAY))
 
     # -- derived signals ------------------------------------------------------------
 
@@ -287,7 +296,16 @@ class PoolState:
         running and 1 waiting, one scrape before the pod's 4 slots were full). So a
         limit is learned when two successive scrapes both show a queue with the same
         `running` (read on each dispatch and completion on the pod and every room
-        check, so a queue that lasts two scrapes is seen). Once known, any higher
+        check, so a queue that lasts two scrapes is seen) and the engine ran a step
+        between them (`engine_steps` moved; where the page has no step counter, as
+        before). A queue within one step is a wait for the step's token budget, not
+        for a slot: the next step admits it. A step that prefills a full budget lasts
+        longer than a scrape interval (8,192 tokens, ~0.4 s on an L40S for a 3B
+        model), so two scrapes saw the same `running` under such a queue and learned
+        running as the limit: the scenario family's TensorRT-LLM and vLLM pools got
+        6-70 "slots" of 256, and the pool bound held the excess in the gateway's
+        queue (family-0-6: 0.5 s mean wait there, TTFT p95 1.47x round-robin's;
+        docs/benchmarks.md). Once known, any higher
         `running` raises it, never lower; flow control lets `slotAllowance` per pod
         more in, so an underestimate climbs back to the truth.
 
@@ -308,11 +326,14 @@ class PoolState:
         if self.pool.config.lora_adapters:
             limited &= ~self._adapter_bound(index)
             self._learn_adapter_slots(index, fresh)
-        steady = fresh & limited & (self.slot_running[index] == running)
+        steps = t.engine_steps[index]
+        stepped = (steps != self.slot_steps[index]) | np.isnan(steps)
+        steady = fresh & limited & stepped & (self.slot_running[index] == running)
         learned = np.where(steady | (known > 0), np.maximum(known, running), known)
         self.slots[index] = learned
         self.slot_running[index] = np.where(
             fresh, np.where(limited, running, -1.0), self.slot_running[index])
+        self.slot_steps[index] = steps
         self.slot_stamp[index] = t.scraped_at[index]
         return learned
 
@@ -515,6 +536,7 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 _ROW_ARRAYS = (
     "since_tokens", "since_stamp", "spt", "spot", "slots", "slot_stamp", "slot_running",
+    "slot_steps",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
     "prefill_floor", "adapter_slots", "recent_next",
 )
