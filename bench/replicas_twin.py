@@ -216,11 +216,12 @@ def render_markdown(doc: dict[str, Any], live: dict[str, Any]) -> str:
         "simulated pods in virtual time; each request reaches the replica its client's "
         "keep-alive connection went to (32 clients, the L4 front rotating new connections, "
         "as the live bench). Coordinated replicas run the gateway's coordination code (outbox, "
-        f"codec, fold) with Redis replaced by a delay: flushInterval "
-        f"{1000 * doc['flush_interval_s']:g} ms after a batch's first event, plus "
-        f"{1000 * doc['rtt_s']:g} ms, gateway time. No data path and no CPU: what routing "
-        "alone does to TTFT. Median of the repeats' p95 (the twin's seeds 0, 1, ...; the "
-        "arrivals never change), model seconds, change against one replica; target: "
+        "codec, fold) with Redis replaced by a delay: a batch leaves at once when none "
+        f"left in the last flushInterval ({1000 * doc['flush_interval_s']:g} ms), else "
+        f"flushInterval after the last, plus {1000 * doc['rtt_s']:g} ms, gateway time. No "
+        "data path and no CPU: what routing alone does to TTFT. Median of the repeats' p95 "
+        "(the twin's seeds 0, 1, ...; the arrivals never change), model seconds, change "
+        "against one replica; target: "
         f"within +{100 * (TARGET - 1):.0f} %. Prefix-cache hit share: prompt tokens found "
         "in the pods' caches over those looked up (seed 0).", "",
         *twin_table(doc, "scenario"),

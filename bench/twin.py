@@ -38,8 +38,9 @@ pools and the L4 front gives every *new connection* the next replica in strict r
 (`_Front`), so the split is per connection, not per request. Uncoordinated, a replica never
 hears of the others' requests. Coordinated (`coordinated=True`), each replica runs the
 gateway's coordination code with Redis replaced by a delay: the director's `Outbox`, flushed
-`flushInterval` (contract.config `CoordinationConfig`, 10 ms; `flush_interval_s` sets another)
-after the first event of a batch through the codec (`encode_batches` / `decode_batch`), each
+as Coordinator._flush_loop does (at once when the last batch with events left at least
+`flushInterval` before, else `flushInterval` after it; contract.config `CoordinationConfig`,
+10 ms; `flush_interval_s` sets another) through the codec (`encode_batches` / `decode_batch`), each
 entry reaching every other replica `rtt_s` later, where `Folder` folds it
 (`Scheduler.on_remote_dispatch`, `Replicas` releasing through `on_remote_complete`);
 heartbeats and the sweep every `heartbeatInterval`; a fold wakes the receiver's admission
@@ -187,6 +188,7 @@ class _Link:
     shares: SharedScrapes | None
     seq: int = 0
     flush_due: bool = False  # a flush is scheduled (the outbox's first event since the last)
+    flushed_at: float = -math.inf  # model time the last batch with events was scheduled to leave
 
 
 @dataclass(eq=False)
@@ -574,13 +576,16 @@ class Twin:
     # -- coordination -----------------------------------------------------------------------
 
     def _outbox_event(self, gateway: _Gateway, t: float) -> None:
-        """Something entered the outbox: the first since a flush schedules the next one
-        `flushInterval` later, when the batch has gathered (Coordinator._flush_loop)."""
+        """Something entered the outbox: the first since a flush schedules the next one at
+        once when the last batch left `flushInterval` ago or more, else `flushInterval`
+        after that batch, when this one has gathered (Coordinator._flush_loop)."""
         link = gateway.link
         assert link is not None and self.coordination is not None
         if not link.flush_due and len(link.outbox):
             link.flush_due = True
-            self._push(t + self.coordination.flush_interval_s * self.scale, "flush", gateway)
+            link.flushed_at = max(t, link.flushed_at + self.coordination.flush_interval_s
+                                  * self.scale)
+            self._push(link.flushed_at, "flush", gateway)
 
     def _flush(self, gateway: _Gateway, t: float, beat: bool = False) -> None:
         """Coordinator._flush: the batch's entries, encoded, reach every other replica

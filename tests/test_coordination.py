@@ -280,6 +280,31 @@ async def test_a_dispatch_on_one_replica_counts_on_the_other_and_its_completion_
             await b.coordinator.stop()
 
 
+async def test_a_lone_dispatch_leaves_at_once_and_a_burst_waits_one_flush_interval():
+    """The first event after a quiet flushInterval is not held back (replicas picking on a
+    view without it herded onto one pod); the next ones gather: one batch per interval."""
+    with redis_server() as redis:
+        interval = 0.6
+        config = pair_config(redis.url, flushInterval="600ms")
+        a, b = start_pair(config)
+        try:
+            await eventually(lambda: connected(a, b), 5)
+            await asyncio.sleep(interval)  # any batch of the start is an interval old
+            first = a.route(long_prompt("lone"))
+            row = b.row(first.address)
+            took = await eventually(lambda: b.pool.table.inflight[row] >= 1, 2.0, 0.002)
+            assert took < interval / 2, took  # held back for flushInterval before
+            seen = time.monotonic()
+            a.route(long_prompt("burst"))
+            await eventually(lambda: b.inflight() == 2, 2.0, 0.002)
+            assert time.monotonic() - seen > interval - took - 0.1
+            a.complete_all()
+            await eventually(lambda: b.inflight() == 0, 2.0)
+        finally:
+            await a.coordinator.stop()
+            await b.coordinator.stop()
+
+
 async def test_a_killed_replica_stops_counting_within_the_stated_bound():
     with redis_server() as redis:
         config = pair_config(redis.url)
