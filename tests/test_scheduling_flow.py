@@ -240,9 +240,7 @@ def test_a_scrape_showing_the_prefill_done_frees_the_room():
 def test_finished_requests_lift_the_speed_of_a_pod_that_exports_none():
     """A pod with no speed signal keeps the slow default (2,000 tokens at 2 s), until the
     requests it finishes prove it faster: 1,000 prompt tokens done within 10 ms is at least
-    100k tokens/s, so many more fit. A failure proves nothing. The floor is the best recent
-    proof (each is a lower bound, so the highest is the tightest), decaying 5 % per request:
-    an average of proofs sat far below the speed, each duration carrying its decode."""
+    100k tokens/s, so many more fit. A failure proves nothing."""
     pool = make_pool(1)
     sched = Scheduler(pool)
     state = sched.state
@@ -252,32 +250,24 @@ def test_finished_requests_lift_the_speed_of_a_pod_that_exports_none():
     state.on_complete(0, req(1000), 0.01, ok=False, now=NOW + 0.01)
     assert not has_room(state, req(1000), NOW + 0.01)
     state.on_complete(0, req(1000), 0.01, ok=True, now=NOW + 0.01)
-    # one sample counts for at most twice the default (2,000 tokens/s), then twice the
-    # floor: a refusal that looks fast (a huge prompt answered in 1 ms) moves it that far
+    # one sample counts for at most twice the default (2,000 tokens/s), then 1.2x each:
+    # a refusal that looks fast (a huge prompt answered in 1 ms) moves it only that far
     assert state.prefill_floor[0] == pytest.approx(2_000)
     state.on_complete(0, req(1_000_000), 0.001, ok=True, now=NOW + 0.01)
-    assert state.prefill_floor[0] == pytest.approx(4_000)
-    for _ in range(10):
+    assert state.prefill_floor[0] == pytest.approx(2_400)
+    for _ in range(40):
         state.on_complete(0, req(1000), 0.01, ok=True, now=NOW + 0.01)
-    assert state.prefill_floor[0] == pytest.approx(100_000)
-    # a slow answer does not pull the best proof down at once: it decays 5 % a request
-    state.on_complete(0, req(1000), 1.0, ok=True, now=NOW + 0.01)
-    assert state.prefill_floor[0] == pytest.approx(95_000)
-    for _ in range(5):
-        state.on_complete(0, req(1000), 0.01, ok=True, now=NOW + 0.01)
+    assert state.prefill_floor[0] == pytest.approx(100_000, rel=0.02)
     for _ in range(150):
         sched.on_dispatch(0, req(1000), NOW + 0.02)
     assert has_room(state, req(1000), NOW + 0.02)  # 100k tokens/s x 2 s: 200 requests
     work = float(committed_tokens(state, np.arange(1)).sum())
     floor = state.prefill_floor[0]
     assert committed(state, NOW + 0.02).saturation == pytest.approx(work / (2 * floor))
-    # a learned speed is used as it is, above or below the floor
+    # a learned speed above the floor is used as it is
     pool.table.prefill_tps[0] = 500_000.0
     state.invalidate_speeds()
     assert committed(state, NOW + 0.02).saturation == pytest.approx(work / 1_000_000)
-    pool.table.prefill_tps[0] = 5_000.0
-    state.invalidate_speeds()
-    assert committed(state, NOW + 0.02).saturation == pytest.approx(work / 10_000)
 
 
 def test_bound_off_and_cached_prefixes():

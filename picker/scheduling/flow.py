@@ -78,19 +78,14 @@ def pod_room(
 
 
 def start_speeds(state: PoolState, now: float, index: slice | np.ndarray) -> np.ndarray:
-    """Prefill tokens/s of rows `index` for the start-delay bound: the speed the page
-    taught where it taught one, else the latency model's fill-in or the floor the pod's
-    finished requests prove when that is higher. Without the floor, a pod whose engine
-    exports neither a prefill histogram nor a prompt counter keeps the slow default
-    forever, and a fast pod was held to `maxStartDelay` x 1,000 tokens in flight
-    (measured: 140 requests/s at concurrency 32 through `igw bench --overhead`'s
-    one-token pod, against 2,260 without the bound). Where the page taught a speed the
-    floor is not used: it is the best recent proof (PoolState._learn_floor), and on the
-    bursty scenario's vLLM pods (speeds taught at 1,200-1,500 tokens/s) used as well it
-    let more of each burst through and cost 3.6 % TTFT p95 in the twin."""
-    tps = state.speeds(now)[0][index]
-    learned = state.pool.table.prefill_tps[index] > 0
-    return np.where(learned, tps, np.maximum(tps, state.prefill_floor[index]))
+    """Prefill tokens/s of rows `index` for the start-delay bound: the latency model's
+    speed, or the floor the pod's finished requests prove when that is higher. Without
+    the floor, a pod whose engine exports neither a prefill histogram nor a prompt
+    counter keeps the slow default forever, and a fast pod was held to
+    `maxStartDelay` x 1,000 tokens in flight (measured: 140 requests/s at concurrency
+    32 through `igw bench --overhead`'s one-token pod, against 2,260 without the bound).
+    """
+    return np.maximum(state.speeds(now)[0][index], state.prefill_floor[index])
 
 
 def pool_slots(state: PoolState, rows: np.ndarray) -> float:

@@ -27,8 +27,6 @@ POOL_EWMA_ALPHA = 0.05
 DEFAULT_PREFILL_TPS = 1000.0
 # A finished request's sample counts for at most this many times the current floor.
 FLOOR_GROWTH = 2.0
-# The prefill floor (the best recent proof of speed) loses this share per finished request.
-FLOOR_DECAY = 0.05
 DEFAULT_DECODE_STEP_S = 0.03
 DEFAULT_PROMPT_TOKENS = 512.0
 DEFAULT_OUTPUT_TOKENS = 256.0
@@ -74,9 +72,8 @@ class PoolState:
         self.spot = np.zeros(0)  # seconds per output token (see `observed_pace`)
         # A floor under each row's prefill speed from what the gateway saw finish: a
         # request's prefill is done before it ends, so its uncached prompt over its
-        # duration is at most the speed (the best recent one, `_learn_floor`; 0 until
-        # one ended). For flow control, on pods whose engine exports no speed
-        # (picker.scheduling.flow).
+        # duration is at most the speed (EWMA of those; 0 until one ended). For flow
+        # control, on pods whose engine exports no speed (picker.scheduling.flow).
         self.prefill_floor = np.zeros(0)
         # Prefill backlog (see `prefill_backlog`): prompt tokens sent to each row in
         # total, those not yet prefilled as of the last folded scrape, and that
@@ -268,20 +265,16 @@ class PoolState:
 
     def _learn_floor(self, row: int, req: SchedulingRequest, duration_s: float) -> None:
         """One finished request's proof of speed, uncached prompt over duration, folded
-        into the row's floor: each proof is a lower bound, so the floor is the best
-        recent one, decaying `FLOOR_DECAY` per request so that a pod that slowed down
-        is not held to what it once proved. An EWMA of the proofs sat 20-100x under the
-        true speed (a duration is mostly decode: family-0-6's L40S pods, 22,500 prompt
-        tokens/s, read 213-252), and flow control then held a pool that had room
-        (docs/benchmarks.md). A sample counts for at most twice the floor (or the
-        default speed): the gateway does not see a response's status (no response
-        phase), so a request an engine refused at once (a 400 for a prompt too long, a
-        500) looks like a fast one, and the cap keeps one of those to a doubling, which
-        the decay takes back within ~14 requests."""
+        into the row's floor; a sample counts for at most twice the floor (or the
+        default speed), so the floor grows at most 1.2x per request. The gateway does not
+        see a response's status (no response phase), so a request an engine refused at
+        once (a 400 for a prompt too long, a 500) looks like a fast one: the cap keeps a
+        few of those from lifting the floor far; sustained fast answers, a fast pod,
+        still lift it within tens of requests."""
         uncached = max(req.prompt_tokens, 0) * (1.0 - self.cached_share[row])
         floor = self.prefill_floor[row]
         sample = min(uncached / duration_s, FLOOR_GROWTH * max(floor, DEFAULT_PREFILL_TPS))
-        self.prefill_floor[row] = max(sample, floor * (1.0 - FLOOR_DECAY))
+        self.prefill_floor[row] = _ewma(floor, sample, POD_EWMA_ALPHA)
 
     # -- derived signals ------------------------------------------------------------
 
