@@ -253,6 +253,56 @@ def test_predicted_latency_unknown_speed_uses_pool_median_and_observed_speed():
     assert tps[3] == pytest.approx(5_000)
 
 
+def _candidate_speeds(pool: Pool, sched: Scheduler, request: SchedulingRequest) -> list:
+    ctx = ScoringContext(pool, sched.state, request, np.flatnonzero(pool.table.valid), NOW)
+    return ctx.speeds()[0].tolist()
+
+
+def test_an_untried_idle_pod_is_tried_at_the_fastest_known_speed_once():
+    # Pods 0 and 2 slow, pod 1 fast, pod 3 untried: at the median (the slow majority's) it
+    # would never be picked, so it would never show its speed.
+    pool = make_pool(4, prefill_tps=[2_000, 20_000, 2_000, 0],
+                     decode_step_s=[0.04, 0.01, 0.04, 0.0], waiting=[0, 4, 0, 0])
+    sched = Scheduler(pool, rng=np.random.default_rng(0), max_fallbacks=0)
+    sched.state.mean_prompt = 1_000.0
+    assert sched.state.speeds(NOW)[0][3] == 2_000.0
+    assert _candidate_speeds(pool, sched, req(prompt=1_000)) == [2_000, 20_000, 2_000, 20_000]
+    probe = req(prompt=1_000)
+    assert sched.pick(probe, NOW).rows == (3,)  # pod 1's queue: 5000/20000 s ahead
+    sched.on_dispatch(3, probe, NOW)
+    # In flight: back on the median until it ends, so a slow pod is tried once.
+    assert _candidate_speeds(pool, sched, req(prompt=1_000))[3] == 2_000
+    assert sched.pick(req(prompt=1_000), NOW).rows != (3,)
+    sched.on_complete(3, probe, NOW, 0.5, True)
+    assert _candidate_speeds(pool, sched, req(prompt=1_000))[3] == 2_000  # tried: not again
+    # An adapter request never probes: it would pay a load and leave its adapter's home.
+    fresh = make_pool(4, prefill_tps=[2_000, 20_000, 2_000, 0], decode_step_s=[0.04] * 4)
+    assert _candidate_speeds(fresh, Scheduler(fresh), req(adapter="ad-a"))[3] == 2_000
+    unknown = make_pool(2)  # nothing known at all: nothing to be optimistic from
+    assert _candidate_speeds(unknown, Scheduler(unknown), req()) == [1_000.0, 1_000.0]
+    # Nor in the first placements, while under a quarter of the pool is known (2 of 9).
+    early = make_pool(9, prefill_tps=[2_000, 20_000] + [0] * 7, decode_step_s=[0.01] * 9)
+    assert _candidate_speeds(early, Scheduler(early), req())[3] == 11_000  # the median
+    later = make_pool(9, prefill_tps=[2_000, 20_000, 2_000] + [0] * 6, decode_step_s=[0.01] * 9)
+    assert _candidate_speeds(later, Scheduler(later), req())[3] == 20_000
+
+
+def test_an_untried_pod_with_the_kv_capacity_of_known_pods_is_guessed_at_their_speed():
+    # Pods 3 and 4 untried: 3 holds the cache of the slow pods 0 and 2 (the same GPU, most
+    # likely), so it is not probed as a fast one; 4 matches no known pod: the fastest.
+    blocks = [1_000, 8_000, 1_005, 1_002, 4_000]
+    pool = make_pool(5, prefill_tps=[2_000, 20_000, 2_200, 0, 0],
+                     decode_step_s=[0.04, 0.01, 0.04, 0.0, 0.0],
+                     kv_block_size=[16] * 5, kv_num_blocks=blocks)
+    sched = Scheduler(pool)
+    assert _candidate_speeds(pool, sched, req())[3:] == pytest.approx([2_100, 20_000])
+    # Their learned speeds, even stale: a stale pod's own fill is the pool median.
+    pool.table.speed_seen_at[:3] = NOW - 60.0
+    sched.state.invalidate_speeds()
+    assert sched.state.speeds(NOW)[0][0] == 2_200.0
+    assert _candidate_speeds(pool, sched, req())[3] == pytest.approx(2_100)
+
+
 def test_observed_pace_is_per_output_token_where_the_pods_are_generations_apart():
     # Pod 1 is the slow generation (3x the time for the same output) but serves long,
     # cached prompts: per prompt-plus-output token it read ~5x faster than pods 0 and 2.

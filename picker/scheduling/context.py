@@ -83,7 +83,11 @@ class ScoringContext:
         return self._cols["_since_tokens"]
 
     def speeds(self) -> tuple[np.ndarray, np.ndarray]:
-        """(prefill tokens/s, decode step s) per candidate, unknown speeds filled."""
+        """(prefill tokens/s, decode step s) per candidate, unknown speeds filled; for a
+        request without an adapter an untried idle pod is guessed so it gets tried
+        (`PoolState.probe_speeds`)."""
+        if self.req.adapter is None:
+            return self.state.probe_speeds(self.now, self.index)
         tps, step = self.state.speeds(self.now)
         return tps[self.index], step[self.index]
 

@@ -43,6 +43,11 @@ RECENT_SENDS = 32
 # each other) shows GPU generations (see `observed_pace`): an A10G's decode step is ~2.7x
 # an H100's, ~3x an A100's; alike pods read apart by noise, in small steps.
 GENERATION_GAP = 2.0
+# Pods whose KV caches hold this close to the same number of tokens count as the same
+# hardware for an untried pod's first guess (`probe_speeds`).
+TWIN_CAPACITY = 0.01
+# No such guess before this share of a pool's pods has a known speed (`_probe_guess`).
+PROBE_AFTER_KNOWN = 0.25
 # A learned speed with no new observation for SPEED_STALE_S is not trusted: the
 # pod is given the pool median (it may have recovered from whatever made it slow;
 # it gets a few requests, and picker.datalayer.speed re-learns it from them).
@@ -115,6 +120,9 @@ class PoolState:
         self._speed_at = -math.inf
         self._speed_version = -1
         self._speed: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
+        # What an untried idle pod is given per row (`probe_speeds`), rebuilt with `_speed`;
+        # None while no pod's speed is known.
+        self._probe: tuple[np.ndarray, np.ndarray] | None = None
         self.sync()
 
     # -- keeping rows aligned with the datastore ---------------------------------
@@ -465,9 +473,75 @@ class PoolState:
         tps = speed_classes(tps, np.flatnonzero(valid))
         step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
         self._speed = (tps, step)
+        self._probe = self._probe_guess(tps, step, valid)
         self._speed_at = now
         self._speed_version = self.pool.version
         return self._speed
+
+    def probe_speeds(self, now: float, index: slice | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`speeds` of rows `index`, an untried idle pod given a guess that gets it tried.
+
+        `speeds` gives an untried pod (no learned speed, no observed duration) the pool
+        median, and the median is the majority's: in a fleet of mostly slow pods an idle
+        fast one looked slow, got nothing, and so never showed its speed (family-0-80: 9
+        A10Gs, 2 L40S, 2 H100s; an H100 and an L40S got none of 300 requests while an
+        A10G took the p95 tail). Here such a pod takes the speeds of the known pods with
+        its KV capacity (`_probe_guess`), else the fastest known: one request finds out.
+        Only while nothing is in flight there (read per request, not from the speed
+        cache): until that request ends the pod is back on the median, so a slow pod is
+        tried once, not flooded. The scheduler asks for these for requests without an
+        adapter only (`ScoringContext.speeds`): an adapter request would pay a load,
+        perhaps a wait for a slot, and leave its adapter's home for the probe; probing
+        with them moved the family's LoRA tails by seconds (docs/benchmarks.md).
+        """
+        tps, step = self.speeds(now)
+        tps, step = tps[index], step[index]
+        if self._probe is None:
+            return tps, step
+        t = self.pool.table
+        untried = (t.prefill_tps[index] <= 0) & (self.spt[index] <= 0) & (t.inflight[index] <= 0)
+        if not untried.any():
+            return tps, step
+        guess_tps, guess_step = self._probe
+        return (np.where(untried, guess_tps[index], tps),
+                np.where(untried, guess_step[index], step))
+
+    def _probe_guess(self, tps: np.ndarray, step: np.ndarray, valid: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per row, the speeds `probe_speeds` gives an untried pod: the mean learned speeds
+        of the known pods whose KV capacity (tokens, from the page's cache config) is
+        within `TWIN_CAPACITY` of its own, else the fastest known pod's. A pool's pods
+        serve one model, so the same capacity means the same GPU memory, most likely the
+        same GPU: probed at the fastest speed, each untried A10G beside known A10Gs took
+        a request at an H100's guess, and those landed in the p95 tail (family-0-80; -37
+        and -47 lost 6-10 % to them). Not proof: an A100-80GB and an H100 hold the same
+        cache, as do an A10G and an L4; the pod then takes its twins' mean, no worse a
+        guess than the median it had. Learned speeds even when stale: a stale pod's fill
+        is the pool median, which as a twin's guess sent untried L4s a burst (family-0-93).
+        None (no guess) until `PROBE_AFTER_KNOWN` of the pool's pods are known: in the
+        first placements nearly every pod is untried, and guessing then spread the warm-up
+        over pods whose one-request speeds later misled (family-0-11 1.05 -> 2.38x best-ttft;
+        1.05x with the threshold; half the pool lost family-0-80's win).
+        """
+        t = self.pool.table
+        known = valid & ((t.prefill_tps > 0) | (self.spt > 0))
+        if not known.any() or np.count_nonzero(known) < PROBE_AFTER_KNOWN * np.count_nonzero(valid):
+            return None
+        guess_tps = np.full(t.capacity, tps[known].max())
+        guess_step = np.full(t.capacity, step[known].min())
+        capacity = t.kv_num_blocks * t.kv_block_size
+        sized = known & (capacity > 0)
+        rows = np.flatnonzero(valid & ~known & (capacity > 0))
+        if not sized.any() or not len(rows):
+            return guess_tps, guess_step
+        near = np.abs(capacity[rows, None] - capacity[sized]) <= TWIN_CAPACITY * capacity[sized]
+        twins = near.sum(axis=1)
+        has = twins > 0
+        learned_tps = np.where(t.prefill_tps > 0, t.prefill_tps, tps)[sized]
+        learned_step = np.where(t.decode_step_s > 0, t.decode_step_s, step)[sized]
+        guess_tps[rows[has]] = (near[has] @ learned_tps) / twins[has]
+        guess_step[rows[has]] = (near[has] @ learned_step) / twins[has]
+        return guess_tps, guess_step
 
     def observed_pace(self, valid: np.ndarray) -> np.ndarray:
         """The gateway's own speed signal per row: seconds per output token (`spot`) when

@@ -17,7 +17,8 @@ This is the one signal that weighs heterogeneous pods correctly: a fast pod
 with a short queue beats an idle slow one, and stops beating it once its
 queue holds more work than the speed difference is worth. Speeds come from
 the datastore (learned from scrapes), unknown ones filled by `PoolState.speeds`
-(pool median scaled by the gateway's own observed speed of the pod).
+(pool median scaled by the gateway's own observed speed of the pod; an untried idle pod,
+for a request without an adapter, guessed so it gets tried: `PoolState.probe_speeds`).
 
 Why not `outstanding_prefill` as the work ahead: it holds the prompts of
 every unfinished request, most of them already past prefill and counted in
