@@ -85,8 +85,11 @@ def test_outbox_is_bounded_and_drops_the_oldest():
     req = SchedulingRequest(model=MODEL, prompt_tokens=5)
     ids = [outbox.dispatched(POOL, PODS[0], req, 0.0) for _ in range(70)]
     assert len(outbox) == 64 and outbox.dropped == 6 and outbox.ready.is_set()
+    assert outbox.dispatch_ready.is_set()
     events = outbox.take()
     assert events[0][1] == ids[6] and not outbox.ready.is_set() and len(outbox) == 0
+    outbox.completed(ids[-1], 0.1)  # a completion wakes the flusher, but is no dispatch
+    assert outbox.ready.is_set() and not outbox.dispatch_ready.is_set()
 
 
 # -- fold and liveness without Redis ---------------------------------------------------------
@@ -300,6 +303,33 @@ async def test_a_lone_dispatch_leaves_at_once_and_a_burst_waits_one_flush_interv
             assert time.monotonic() - seen > interval - took - 0.1
             a.complete_all()
             await eventually(lambda: b.inflight() == 0, 2.0)
+        finally:
+            await a.coordinator.stop()
+            await b.coordinator.stop()
+
+
+async def test_a_batch_without_dispatches_never_holds_the_next_dispatch_back():
+    """Completions (and an owner's scrape results, tens a second) left in a batch just
+    before: the next dispatch still leaves at once after a quiet interval of dispatches,
+    while a second batch of completions waits for the interval after the last batch."""
+    with redis_server() as redis:
+        interval = 0.6
+        config = pair_config(redis.url, flushInterval="600ms")
+        a, b = start_pair(config)
+        try:
+            await eventually(lambda: connected(a, b), 5)
+            a.route(long_prompt("first"))
+            await eventually(lambda: b.inflight() == 1, 2.0, 0.002)
+            await asyncio.sleep(interval)
+            a.complete_all()  # leaves at once: no batch for an interval
+            await eventually(lambda: b.inflight() == 0, interval / 2, 0.002)
+            a.route(long_prompt("second"))  # right behind the completions' batch
+            took = await eventually(lambda: b.inflight() == 1, 2.0, 0.002)
+            assert took < interval / 2, took  # held back for flushInterval before
+            a.complete_all()  # a batch left just now: this one gathers
+            seen = time.monotonic()
+            await eventually(lambda: b.inflight() == 0, 2.0, 0.002)
+            assert time.monotonic() - seen > interval - took - 0.1
         finally:
             await a.coordinator.stop()
             await b.coordinator.stop()
