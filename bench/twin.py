@@ -38,8 +38,9 @@ pools and the L4 front gives every *new connection* the next replica in strict r
 (`_Front`), so the split is per connection, not per request. Uncoordinated, a replica never
 hears of the others' requests. Coordinated (`coordinated=True`), each replica runs the
 gateway's coordination code with Redis replaced by a delay: the director's `Outbox`, flushed
-as Coordinator._flush_loop does (at once when the last batch with events left at least
-`flushInterval` before, else `flushInterval` after it; contract.config `CoordinationConfig`,
+as Coordinator._flush_loop does (a batch with a dispatch at once when the last batch with one
+left at least `flushInterval` before, else `flushInterval` after it; one without, at once or
+`flushInterval` after the last batch of any kind; contract.config `CoordinationConfig`,
 10 ms; `flush_interval_s` sets another) through the codec (`encode_batches` / `decode_batch`), each
 entry reaching every other replica `rtt_s` later, where `Folder` folds it
 (`Scheduler.on_remote_dispatch`, `Replicas` releasing through `on_remote_complete`);
@@ -188,7 +189,10 @@ class _Link:
     shares: SharedScrapes | None
     seq: int = 0
     flush_due: bool = False  # a flush is scheduled (the outbox's first event since the last)
-    flushed_at: float = -math.inf  # model time the last batch with events was scheduled to leave
+    due_at: float = math.inf  # model time it is scheduled for
+    flush_token: int = 0  # which scheduled flush is the live one (an earlier one replaces it)
+    flushed_at: float = -math.inf  # model time the last batch with events or scrapes left
+    dispatched_at: float = -math.inf  # the same for the last batch with a dispatch
 
 
 @dataclass(eq=False)
@@ -394,7 +398,7 @@ class Twin:
         elif kind == "timeout":
             self._timeout(*payload, t)
         elif kind == "flush":
-            self._flush(payload, t)
+            self._scheduled_flush(*payload, t)
         elif kind == "deliver":
             self._deliver(*payload, t)
         else:  # "beat"
@@ -576,16 +580,28 @@ class Twin:
     # -- coordination -----------------------------------------------------------------------
 
     def _outbox_event(self, gateway: _Gateway, t: float) -> None:
-        """Something entered the outbox: the first since a flush schedules the next one at
-        once when the last batch left `flushInterval` ago or more, else `flushInterval`
-        after that batch, when this one has gathered (Coordinator._flush_loop)."""
+        """Something entered the outbox: schedule the flush when Coordinator._gather lets
+        the batch leave: with a dispatch, `flushInterval` after the last batch with one;
+        without, `flushInterval` after the last batch; at once if that is past. A dispatch
+        entering a batch of completions or scrapes moves its flush earlier, never later."""
         link = gateway.link
         assert link is not None and self.coordination is not None
-        if not link.flush_due and len(link.outbox):
-            link.flush_due = True
-            link.flushed_at = max(t, link.flushed_at + self.coordination.flush_interval_s
-                                  * self.scale)
-            self._push(link.flushed_at, "flush", gateway)
+        if not len(link.outbox):
+            return
+        last = link.dispatched_at if link.outbox.dispatch_ready.is_set() else link.flushed_at
+        due = max(t, last + self.coordination.flush_interval_s * self.scale)
+        if link.flush_due and link.due_at <= due:
+            return
+        link.flush_due, link.due_at = True, due
+        link.flush_token += 1
+        self._push(due, "flush", (gateway, link.flush_token))
+
+    def _scheduled_flush(self, gateway: _Gateway, token: int, t: float) -> None:
+        """A scheduled flush, unless an earlier one replaced it."""
+        link = gateway.link
+        assert link is not None
+        if token == link.flush_token and link.flush_due:
+            self._flush(gateway, t)
 
     def _flush(self, gateway: _Gateway, t: float, beat: bool = False) -> None:
         """Coordinator._flush: the batch's entries, encoded, reach every other replica
@@ -595,8 +611,13 @@ class Twin:
         now = t / self.scale
         if not beat:
             link.flush_due = False
+        dispatches = link.outbox.dispatch_ready.is_set()
         events = link.outbox.take()
         scrapes = link.outbox.take_scrapes(now)
+        if events or scrapes:
+            link.flushed_at = t
+            if dispatches:
+                link.dispatched_at = t
         if not events and not scrapes and not beat:
             return
         entries = encode_batches(events, link.seq, now, scrapes=scrapes,

@@ -85,8 +85,11 @@ def test_outbox_is_bounded_and_drops_the_oldest():
     req = SchedulingRequest(model=MODEL, prompt_tokens=5)
     ids = [outbox.dispatched(POOL, PODS[0], req, 0.0) for _ in range(70)]
     assert len(outbox) == 64 and outbox.dropped == 6 and outbox.ready.is_set()
+    assert outbox.dispatch_ready.is_set()
     events = outbox.take()
     assert events[0][1] == ids[6] and not outbox.ready.is_set() and len(outbox) == 0
+    outbox.completed(ids[-1], 0.1)  # a completion wakes the flusher, but is no dispatch
+    assert outbox.ready.is_set() and not outbox.dispatch_ready.is_set()
 
 
 # -- fold and liveness without Redis ---------------------------------------------------------
@@ -280,9 +283,11 @@ async def test_a_dispatch_on_one_replica_counts_on_the_other_and_its_completion_
             await b.coordinator.stop()
 
 
-async def test_a_lone_dispatch_leaves_at_once_and_a_burst_waits_one_flush_interval():
-    """The first event after a quiet flushInterval is not held back (replicas picking on a
-    view without it herded onto one pod); the next ones gather: one batch per interval."""
+async def test_a_dispatch_is_held_back_only_by_a_recent_batch_with_dispatches():
+    """The first dispatch after a quiet flushInterval is not held back (replicas picking on a
+    view without it herded onto one pod); the next ones gather: one batch with dispatches
+    per interval. A batch without (completions; an owner's scrape results, tens a second)
+    never holds one back, and itself waits for the interval after the last batch."""
     with redis_server() as redis:
         interval = 0.6
         config = pair_config(redis.url, flushInterval="600ms")
@@ -298,8 +303,16 @@ async def test_a_lone_dispatch_leaves_at_once_and_a_burst_waits_one_flush_interv
             a.route(long_prompt("burst"))
             await eventually(lambda: b.inflight() == 2, 2.0, 0.002)
             assert time.monotonic() - seen > interval - took - 0.1
-            a.complete_all()
-            await eventually(lambda: b.inflight() == 0, 2.0)
+            await asyncio.sleep(interval)
+            a.complete_all()  # leaves at once: no batch for an interval
+            await eventually(lambda: b.inflight() == 0, interval / 2, 0.002)
+            a.route(long_prompt("after"))  # right behind the completions' batch
+            took = await eventually(lambda: b.inflight() == 1, 2.0, 0.002)
+            assert took < interval / 2, took  # held back for flushInterval before
+            a.complete_all()  # a batch left just now: this one gathers
+            seen = time.monotonic()
+            await eventually(lambda: b.inflight() == 0, 2.0, 0.002)
+            assert time.monotonic() - seen > interval - took - 0.1
         finally:
             await a.coordinator.stop()
             await b.coordinator.stop()

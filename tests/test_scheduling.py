@@ -156,6 +156,36 @@ def test_without_adapter_metrics_a_pod_proves_its_adapter_slots_by_running_them(
     assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.8]
 
 
+def test_with_replicas_only_this_replicas_requests_before_the_scrape_prove_adapter_slots():
+    """Another replica's request may have ended at the engine a flush before its completion
+    arrives, and a shared scrape is written a flush after it was taken: neither proves that
+    two adapters ran at once (a 1-slot pool learned 2). This replica's own requests, all
+    sent before the scrape was taken, still do."""
+    pool = make_pool(1, max_lora=[0])
+    sched = Scheduler(pool, max_fallbacks=0)
+    t = pool.table
+    remote, local = req(adapter="ad-a"), [req(adapter="ad-b"), req(adapter="ad-b")]
+    sched.on_remote_dispatch(0, remote, NOW)  # ended at the engine; completion on its way
+    for one in local:
+        sched.on_dispatch(0, one, NOW + 0.01)
+    t.running[0], t.waiting[0] = 2, 0
+    pool.mark_scrape(0, True, NOW + 0.05)
+    for one in local:
+        sched.on_complete(0, one, NOW + 0.1, 0.09, ok=True)
+    assert sched.state.adapter_slots[0] == 1  # ad-b ran; ad-a is no proof of a second
+    sched.on_remote_complete(0, remote, NOW + 0.1, 0.1, "pod")
+    first, second = req(adapter="ad-a"), req(adapter="ad-c")
+    sched.on_dispatch(0, first, NOW + 0.2)
+    sched.on_dispatch(0, second, NOW + 0.22)
+    pool.mark_scrape(0, True, NOW + 0.21)  # a shared result, taken before ad-c was sent
+    sched.on_complete(0, first, NOW + 0.3, 0.1, ok=True)
+    assert sched.state.adapter_slots[0] == 1  # the scrape never saw ad-c
+    sched.on_dispatch(0, first, NOW + 0.4)
+    pool.mark_scrape(0, True, NOW + 0.45)
+    sched.on_complete(0, first, NOW + 0.5, 0.1, ok=True)
+    assert sched.state.adapter_slots[0] == 2
+
+
 def _prove_two_adapter_slots(sched: Scheduler, pool: Pool) -> None:
     """Pod 0 runs ad-a and ad-b at once under a scrape with nothing waiting."""
     first, second = req(adapter="ad-a"), req(adapter="ad-b")

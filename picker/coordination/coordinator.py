@@ -2,8 +2,9 @@
 
 Tasks, all off the request path:
 - the link (`_run`): connect; then, until the first failure, flush the outbox
-  (woken by its first event, then `flushInterval` to gather a batch, one
-  pipelined round trip; a heartbeat entry every `heartbeatInterval` when idle),
+  (woken by its first event; a batch gathers until `flushInterval` after the
+  last one, `_gather`; one pipelined round trip; a heartbeat entry every
+  `heartbeatInterval` when idle),
   read the peers' streams (XREAD BLOCK from each position) and fold what
   comes, and store a snapshot every `snapshotInterval`. On a failure it
   reconnects after a capped, jittered exponential backoff (50 ms doubling to
@@ -177,10 +178,9 @@ class Coordinator:
 
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        outbox, interval = self.outbox, self.settings.flush_interval_s
-        heartbeat = self.settings.heartbeat_interval_s
+        outbox, heartbeat = self.outbox, self.settings.heartbeat_interval_s
         next_beat = 0.0
-        flushed = -math.inf  # when the last batch with events left
+        dispatched = flushed = -math.inf  # when the last batch with dispatches / any left
         while True:
             wait = next_beat - loop.time()
             if wait > 0 and not outbox.ready.is_set():
@@ -188,18 +188,38 @@ class Coordinator:
                     async with asyncio.timeout(wait):
                         await outbox.ready.wait()
             if len(outbox):
-                # The first event after a quiet flushInterval leaves at once, later ones
-                # gather until flushInterval after that batch: at most one batch per
-                # interval as before, but a lone dispatch is not held back for the others
-                # to pick on a view without it (docs/benchmarks.md, herding).
-                gather = flushed + interval - loop.time()
-                if gather > 0:
-                    await asyncio.sleep(gather)
+                await self._gather(dispatched, flushed)
                 flushed = loop.time()
+                if outbox.dispatch_ready.is_set():
+                    dispatched = flushed
             beat = loop.time() >= next_beat
             if beat:
                 next_beat = loop.time() + heartbeat
             await self._flush(beat=beat)
+
+    async def _gather(self, dispatched: float, flushed: float) -> None:
+        """Wait until the waiting batch may leave. One with a dispatch leaves
+        flushInterval after the last batch with a dispatch, at once after a quiet
+        interval: replicas that picked on a view without the others' last sends herded
+        onto the same emptiest-looking pod (docs/benchmarks.md, herding). One of
+        completions and scrape results only gathers until flushInterval after the last
+        batch of any kind, and a dispatch arriving meanwhile takes it over: an owner's
+        scrape results (tens a second) no longer hold its dispatches back. So at most two
+        batches per flushInterval, heartbeats aside, one of them with dispatches."""
+        loop = asyncio.get_running_loop()
+        interval, ready = self.settings.flush_interval_s, self.outbox.dispatch_ready
+        while not ready.is_set():
+            wait = flushed + interval - loop.time()
+            if wait <= 0:
+                return
+            try:
+                async with asyncio.timeout(wait):
+                    await ready.wait()
+            except TimeoutError:
+                return
+        wait = dispatched + interval - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     async def _flush(self, *, beat: bool = False, bye: bool = False) -> None:
         events = self.outbox.take()

@@ -1,7 +1,8 @@
 """The request path's side of coordination: a bounded buffer of events to publish.
 
 The only coordination work a request does is here: one tuple appended to a
-deque and, for the first event after a flush, one `Event.set`. Nothing
+deque and, for the first event (and the first dispatch) after a flush, one
+`Event.set`. Nothing
 awaits, nothing talks to Redis. When the buffer is full (Redis slow or
 down long enough) the oldest event is dropped and counted: an old dispatch
 dropped first means the other replicas never count it, which is the safe
@@ -30,7 +31,7 @@ _Pending = tuple[float, MetricsSnapshot | None, str]
 class Outbox:
     """Events waiting for the next flush; bounded, drop-oldest."""
 
-    __slots__ = ("_events", "_next_id", "_scrapes", "dropped", "ready")
+    __slots__ = ("_events", "_next_id", "_scrapes", "dispatch_ready", "dropped", "ready")
 
     def __init__(self, size: int) -> None:
         self._events: deque[Event] = deque(maxlen=size)
@@ -39,6 +40,9 @@ class Outbox:
         self.dropped = 0
         # Set by the first event after a flush: wakes the flusher (see Coordinator).
         self.ready = asyncio.Event()
+        # Set by the first dispatch after a flush: a dispatch waits, and its batch keeps
+        # its own pace (Coordinator._gather).
+        self.dispatch_ready = asyncio.Event()
 
     def __len__(self) -> int:
         """Events and scrape results waiting for the next flush."""
@@ -52,6 +56,8 @@ class Outbox:
         self._push((DISPATCH, self._next_id, pool, address, req.prompt_tokens,
                     req.max_tokens, req.adapter, cached, req.prefix_hashes, req.tenant,
                     req.tenant_weight))
+        if not self.dispatch_ready.is_set():
+            self.dispatch_ready.set()
         return self._next_id
 
     def completed(self, request_id: int, duration_s: float | None = None) -> None:
@@ -84,6 +90,7 @@ class Outbox:
     def take(self) -> list[Event]:
         """Everything buffered, oldest first, and the buffer emptied (flusher only)."""
         self.ready.clear()
+        self.dispatch_ready.clear()
         events = list(self._events)
         self._events.clear()
         return events

@@ -99,6 +99,9 @@ class PoolState:
         # adapter slot where the engine does not say (SGLang, TensorRT-LLM publish no
         # adapter metrics), filters.lora_state.
         self.adapter_inflight = np.zeros((0, MAX_ADAPTERS))
+        # The same for this replica's requests only: their completions are known at once,
+        # another replica's a flush late (`_learn_adapter_slots`).
+        self.adapter_local = np.zeros((0, MAX_ADAPTERS))
         # There, the most adapters the pool's pods were seen running at once, the same in
         # every row (`_learn_adapter_slots`); a replaced pod's row is 0 until the next scrape.
         self.adapter_slots = np.zeros(0)
@@ -221,6 +224,8 @@ class PoolState:
             if slot is not None:
                 self.adapter_sent[row, slot] = now
                 self.adapter_inflight[row, slot] += 1.0
+                if not remote:
+                    self.adapter_local[row, slot] += 1.0
 
     def on_complete(
         self,
@@ -255,6 +260,8 @@ class PoolState:
             slot = self.pool.adapter_index.get(req.adapter)
             if slot is not None:
                 self.adapter_inflight[row, slot] = max(0.0, self.adapter_inflight[row, slot] - 1.0)
+                if not remote:
+                    self.adapter_local[row, slot] = max(0.0, self.adapter_local[row, slot] - 1.0)
         self.shares.completed(req.tenant)
         if now is not None and t.scraped_at[row] < now - duration_s:
             t.dispatched[row] = max(0.0, t.dispatched[row] - 1.0)
@@ -346,10 +353,20 @@ class PoolState:
         the pool's pods: they run one engine configuration (one `max_loras`), and a proof
         per pod stayed at 1 on pods the gateway then never sent a second adapter while
         one was in flight (family-0-7, TensorRT-LLM, 4 slots: 19 adapter loads against
-        adapter-affine's 2)."""
+        adapter-affine's 2).
+
+        With replicas, only this replica's requests prove it, and only by a scrape taken
+        after the row's last send. Another replica's request ended at the engine may
+        still count here until its completion comes a flush later, and a shared scrape
+        is written a flush after it was taken (picker.coordination.scrapes), so requests
+        sent meanwhile may bring adapters it never saw running: on a 1-slot SGLang pool
+        two replicas learned 2 and sent a second adapter beside running ones (twin,
+        family-0-19, TTFT p50 1.26 -> 2.06 s). One replica learns as before: all its
+        requests are its own, and a local scrape is looked at before any send after it."""
         t = self.pool.table
-        distinct = np.count_nonzero(self.adapter_inflight[index], axis=1)
-        seen = np.minimum(distinct, t.running[index])[fresh & (t.waiting[index] < 1.0)]
+        distinct = np.count_nonzero(self.adapter_local[index], axis=1)
+        proof = fresh & (t.waiting[index] < 1.0) & (t.last_picked_at[index] <= t.scraped_at[index])
+        seen = np.minimum(distinct, t.running[index])[proof]
         self.adapter_slots[:] = max(self.adapter_slots.max(initial=0.0), seen.max(initial=0.0))
 
     def _adapter_bound(self, index: slice | np.ndarray) -> np.ndarray:
@@ -608,6 +625,7 @@ _ROW_ARRAYS = (
     "prefill_floor", "adapter_slots", "recent_next",
 )
 _ROW_MATRICES = (("adapter_sent", MAX_ADAPTERS), ("adapter_inflight", MAX_ADAPTERS),
+                 ("adapter_local", MAX_ADAPTERS),
                  ("recent_at", RECENT_SENDS), ("recent_tokens", RECENT_SENDS))
 
 
