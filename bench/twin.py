@@ -188,9 +188,9 @@ class _Link:
     folder: Folder
     shares: SharedScrapes | None
     seq: int = 0
-    flush_due: bool = False  # a flush is scheduled (the outbox's first event since the last)
-    due_at: float = math.inf  # model time it is scheduled for
-    flush_token: int = 0  # which scheduled flush is the live one (an earlier one replaces it)
+    # Model time the next flush is scheduled for (inf: none); an earlier one replaces it, and
+    # a scheduled flush whose time is no longer this one does nothing.
+    due_at: float = math.inf
     flushed_at: float = -math.inf  # model time the last batch with events or scrapes left
     dispatched_at: float = -math.inf  # the same for the last batch with a dispatch
 
@@ -398,7 +398,7 @@ class Twin:
         elif kind == "timeout":
             self._timeout(*payload, t)
         elif kind == "flush":
-            self._scheduled_flush(*payload, t)
+            self._scheduled_flush(payload, t)
         elif kind == "deliver":
             self._deliver(*payload, t)
         else:  # "beat"
@@ -590,17 +590,16 @@ class Twin:
             return
         last = link.dispatched_at if link.outbox.dispatch_ready.is_set() else link.flushed_at
         due = max(t, last + self.coordination.flush_interval_s * self.scale)
-        if link.flush_due and link.due_at <= due:
+        if link.due_at <= due:
             return
-        link.flush_due, link.due_at = True, due
-        link.flush_token += 1
-        self._push(due, "flush", (gateway, link.flush_token))
+        link.due_at = due
+        self._push(due, "flush", gateway)
 
-    def _scheduled_flush(self, gateway: _Gateway, token: int, t: float) -> None:
+    def _scheduled_flush(self, gateway: _Gateway, t: float) -> None:
         """A scheduled flush, unless an earlier one replaced it."""
         link = gateway.link
         assert link is not None
-        if token == link.flush_token and link.flush_due:
+        if t == link.due_at:
             self._flush(gateway, t)
 
     def _flush(self, gateway: _Gateway, t: float, beat: bool = False) -> None:
@@ -610,7 +609,7 @@ class Twin:
         assert link is not None
         now = t / self.scale
         if not beat:
-            link.flush_due = False
+            link.due_at = math.inf
         dispatches = link.outbox.dispatch_ready.is_set()
         events = link.outbox.take()
         scrapes = link.outbox.take_scrapes(now)
@@ -643,7 +642,7 @@ class Twin:
         says as much), and the sweep of silent peers."""
         link = gateway.link
         assert link is not None and self.coordination is not None
-        if not link.flush_due:
+        if link.due_at == math.inf:
             self._flush(gateway, t, beat=True)
         link.replicas.sweep(t / self.scale)
         if self.open > 0:
