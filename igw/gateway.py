@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contract.config import ConfigError, GatewayConfig, load_config
 from contract.global_config import GlobalRouterConfig
-from igw.ports import free_port
+from igw.ports import free_ports
 from igw.supervisor import ChildSpec, Supervisor, run_until_signalled
 from igw_envoy.atomic import write_atomic
 from igw_envoy.binary import find_envoy
@@ -297,10 +297,12 @@ def up_files(state_dir: Path, port: int) -> tuple[Path, Path]:
 def fleet_gateway(name: str, pods: list[dict], address: str, port: int) -> dict:
     """A gateway config document for simulated `pods` (each given a free port here):
     one pool per model with its pods' adapters, listening on address:port, the other
-    ports free."""
+    ports free. All chosen in one `free_ports` call: one at a time, the OS handed the
+    same port out twice (`igw global up`: "pods: host:port pairs must be unique")."""
+    *pod_ports, picker, admin, metrics, envoy_admin = free_ports(len(pods) + 4)
     by_model: dict[str, list[str]] = {}
-    for pod in pods:
-        pod["port"] = free_port()
+    for pod, pod_port in zip(pods, pod_ports, strict=True):
+        pod["port"] = pod_port
         by_model.setdefault(pod["model"], []).append(f"127.0.0.1:{pod['port']}")
     schedulers = []
     for i, (model, endpoints) in enumerate(by_model.items()):
@@ -325,12 +327,8 @@ def fleet_gateway(name: str, pods: list[dict], address: str, port: int) -> dict:
             "bbr": {"enabled": True},
             "schedulers": schedulers,
             "listener": {"address": address, "port": port},
-            "ports": {
-                "picker": free_port(),
-                "admin": free_port(),
-                "metrics": free_port(),
-                "envoyAdmin": free_port(),
-            },
+            "ports": {"picker": picker, "admin": admin, "metrics": metrics,
+                      "envoyAdmin": envoy_admin},
         },
     }
 
