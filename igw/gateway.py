@@ -294,12 +294,20 @@ def up_files(state_dir: Path, port: int) -> tuple[Path, Path]:
     return write_up_files(state_dir, fleet, config)
 
 
-def fleet_gateway(name: str, pods: list[dict], address: str, port: int) -> dict:
-    """A gateway config document for simulated `pods` (each given a free port here):
-    one pool per model with its pods' adapters, listening on address:port, the other
-    ports free. All chosen in one `free_ports` call: one at a time, the OS handed the
-    same port out twice (`igw global up`: "pods: host:port pairs must be unique")."""
-    *pod_ports, picker, admin, metrics, envoy_admin = free_ports(len(pods) + 4)
+def fleet_port_count(pods: list[dict]) -> int:
+    """How many 127.0.0.1 ports `fleet_gateway` needs for `pods`."""
+    return len(pods) + 4
+
+
+def fleet_gateway(name: str, pods: list[dict], address: str, port: int,
+                  ports: list[int] | None = None) -> dict:
+    """A gateway config document for simulated `pods`: one pool per model with its
+    pods' adapters, listening on address:port. `ports` (one per pod, then picker,
+    admin, metrics, Envoy admin; all on 127.0.0.1) are chosen in one `free_ports`
+    call unless given: one at a time, the OS handed the same port out twice (`igw
+    global up`: "pods: host:port pairs must be unique")."""
+    chosen = free_ports(fleet_port_count(pods)) if ports is None else ports
+    *pod_ports, picker, admin, metrics, envoy_admin = chosen
     by_model: dict[str, list[str]] = {}
     for pod, pod_port in zip(pods, pod_ports, strict=True):
         pod["port"] = pod_port

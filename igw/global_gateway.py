@@ -28,13 +28,14 @@ from igw.gateway import (
     _line,
     envoy_child,
     fleet_gateway,
+    fleet_port_count,
     gateway_children,
     simulator_child,
     supervise,
     wait_ready,
     write_up_files,
 )
-from igw.ports import free_port
+from igw.ports import free_ports
 from igw.supervisor import ChildSpec, Supervisor, run_until_signalled
 from igw_envoy.global_front import write_global_bootstrap
 
@@ -152,14 +153,17 @@ def up_global_files(state_dir: Path, port: int) -> tuple[Path, list[ChildSpec], 
     children: list[ChildSpec] = []
     region_docs: list[dict] = []
     region_configs: list[Path] = []
-    for region in DEMO_REGIONS:
+    fleets = [_region_pods(region) for region in DEMO_REGIONS]
+    # Every 127.0.0.1 port of the demo in one call, so none repeats across regions.
+    local = iter(free_ports(3 + sum(fleet_port_count(pods) for pods in fleets)))
+    for region, pods in zip(DEMO_REGIONS, fleets, strict=True):
         region_dir = state_dir / region.name
-        fleet = {"seed": 7, "pods": _region_pods(region)}
-        listen = free_port(region.address)
-        doc = fleet_gateway(f"igw-{region.name}", fleet["pods"], region.address, listen)
+        fleet = {"seed": 7, "pods": pods}
+        listen, proxy_port = free_ports(2, region.address)
+        fleet_ports = [next(local) for _ in range(fleet_port_count(pods))]
+        doc = fleet_gateway(f"igw-{region.name}", pods, region.address, listen, fleet_ports)
         fleet_path, config_path = write_up_files(region_dir, fleet, doc)
         region_configs.append(config_path)
-        proxy_port = free_port(region.address)
         tier1 = gateway_children(config_path, region_dir, None)
         for spec in [simulator_child(fleet_path), *tier1]:
             spec.name = f"{region.name}/{spec.name}"
@@ -187,7 +191,8 @@ def up_global_files(state_dir: Path, port: int) -> tuple[Path, list[ChildSpec], 
             "regions": region_docs,
             "models": DEMO_MODELS,
             "listener": {"address": "127.0.0.1", "port": port},
-            "ports": {"picker": free_port(), "metrics": free_port(), "envoyAdmin": free_port()},
+            "ports": {"picker": next(local), "metrics": next(local),
+                      "envoyAdmin": next(local)},
         },
     }
     global_path = state_dir / "global.yaml"
