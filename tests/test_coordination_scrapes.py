@@ -214,7 +214,7 @@ def _good(**change: Any) -> list[Any]:
 @pytest.mark.parametrize(
     "fields",
     [
-        pytest.param(_entry([_good()], keys=("waiting", "running", "colour")), id="unknown signal"),
+        pytest.param(_entry([_good()], keys=("waiting", "running", 7)), id="signal not a name"),
         pytest.param(_entry([_good()], keys=("waiting", "waiting", "kv_usage")), id="signal twice"),
         pytest.param(_entry([_good()], keys="waiting"), id="signals not a list"),
         pytest.param(_entry("r"), id="results not a list"),
@@ -248,6 +248,17 @@ def _good(**change: Any) -> list[Any]:
 def test_codec_refuses_a_malformed_scrape_result(fields):
     with pytest.raises(CodecError):
         decode_batch(fields)
+
+
+def test_a_signal_this_version_does_not_know_is_skipped_not_refused():
+    """A newer writer's new signal (a rolling upgrade): the rest of its result, and the
+    entry's dispatches, still count here."""
+    result = _good(values=[1, 2, 0.5, 9])
+    (scrape,) = decode_batch(_entry([result], keys=("waiting", "running", "colour",
+                                                    "kv_usage"))).scrapes
+    assert scrape.snapshot is not None
+    assert scrape.snapshot.values == {Signal.WAITING: 1.0, Signal.RUNNING: 2.0,
+                                      Signal.KV_USAGE: 9.0}
 
 
 def test_the_good_result_the_refusals_alter_decodes():

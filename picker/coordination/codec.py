@@ -32,8 +32,10 @@ absent), lora ([running, waiting, max_lora] or null), error]`, about 200 bytes
 for a vLLM page. `age_s` is the time since the scrape on the owner's
 monotonic clock when the entry was encoded; the receiver adds the entry's
 transit (its wall clocks) to judge staleness. An older reader ignores `k` and
-`r` (so dispatch sharing survives a rolling upgrade); this version refuses
-an entry whose results break any bound or type below (CodecError). `ns`
+`r` (so dispatch sharing survives a rolling upgrade), and a reader skips the
+values of signals in `k` it does not know (a newer writer's), so adding a
+signal never costs an older replica the entry's dispatches; this version
+refuses an entry whose results break any bound or type below (CodecError). `ns`
 (true) says its writer does not share scrape results (`shareScrapes: false`):
 the others must not leave any pod to it (picker.coordination.scrapes); absent
 means it shares.
@@ -317,11 +319,16 @@ def _decode_scrapes(meta: dict[str, Any], pods: list[tuple[str, str]]) -> list[S
     keys = meta["k"]
     if not isinstance(keys, list) or len(set(keys)) != len(keys):
         raise CodecError("scrape signals: a list of distinct names expected")
-    signals = [Signal(k) for k in keys]  # ValueError on an unknown name
+    if not all(isinstance(k, str) for k in keys):
+        raise CodecError("scrape signals: names expected")
+    signals = [_KNOWN_SIGNALS.get(k) for k in keys]  # None: a newer writer's, skipped
     return [_decode_scrape(item, signals, pods) for item in results]
 
 
-def _decode_scrape(item: Any, signals: list[Signal], pods: list[tuple[str, str]]
+_KNOWN_SIGNALS = {signal.value: signal for signal in Signal}
+
+
+def _decode_scrape(item: Any, signals: list[Signal | None], pods: list[tuple[str, str]]
                    ) -> SharedScrape:
     pod, ok, age, values, lora, error = item
     if type(ok) is not bool or not isinstance(error, str) or len(error) > MAX_ERROR_CHARS:
@@ -339,7 +346,7 @@ def _decode_scrape(item: Any, signals: list[Signal], pods: list[tuple[str, str]]
         return SharedScrape(pool, address, float(age), None, error)
     present: dict[Signal, float] = {}
     for signal, value in zip(signals, values, strict=True):
-        if value is None:
+        if value is None or signal is None:
             continue
         if not _number(value) or not math.isfinite(value):
             raise CodecError(f"scrape result: {signal.value} is not a finite number")
