@@ -35,6 +35,7 @@ FLOAT_COLUMNS = (
     "scrape_failures",
     # learned speed (see picker.datalayer.speed)
     "prefill_tps",
+    "prefill_tps_uncached",  # the same, counting only prompt tokens not found cached
     "decode_step_s",
     "ttft_s",
     # the gateway's own view, kept between scrapes
@@ -58,6 +59,11 @@ FLOAT_COLUMNS = (
     "raw_prefill_sum",
     "raw_prefill_count",
     "raw_prefill_tokens",
+    "raw_cache_queries",
+    "raw_cache_hits",
+    # prefix-cache lookups counted at scheduling whose prompt tokens were not counted yet
+    "pending_cache_queries",
+    "pending_cache_hits",
     # the engine's prompt-token counter (tokens whose prefill completed) as last scraped;
     # NaN when the engine does not publish it (picker.scheduling.state's prefill backlog)
     "prompt_tokens_total",

@@ -56,10 +56,15 @@ class PodState:
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
     finished_prompt_tokens: float = 0.0
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
 
     def finish(self, n: int, prompt_tokens: int, prefill_s: float, queue_s: float,
-               itl_s: float, output_tokens: int) -> None:
-        """Account `n` finished requests of identical shape, as vLLM would."""
+               itl_s: float, output_tokens: int, cached_tokens: int = 0) -> None:
+        """Account `n` finished requests of identical shape, as vLLM would; `cached_tokens`
+        of each prompt were found in the prefix cache."""
+        self.prefix_queries += n * prompt_tokens
+        self.prefix_hits += n * cached_tokens
         self.prompt_tokens += n * prompt_tokens
         self.finished_prompt_tokens += n * prompt_tokens
         self.generation_tokens += n * output_tokens
@@ -76,7 +81,8 @@ class PodState:
         """A pod restart: every counter and histogram starts again from zero."""
         for name in ("ttft_sum", "ttft_count", "prefill_sum", "prefill_count", "queue_sum",
                      "queue_count", "itl_sum", "itl_count", "prompt_tokens",
-                     "generation_tokens", "finished_prompt_tokens"):
+                     "generation_tokens", "finished_prompt_tokens", "prefix_queries",
+                     "prefix_hits"):
             setattr(self, name, 0.0)
 
 
@@ -211,8 +217,8 @@ def render_vllm(state: PodState, *, old_names: bool = False, extras: bool = True
     page.gauge("vllm:num_requests_waiting", model, state.waiting)
     kv_name = "vllm:gpu_cache_usage_perc" if old_names else "vllm:kv_cache_usage_perc"
     page.gauge(kv_name, model, state.kv_usage, "KV-cache usage. 1 means 100 percent usage.")
-    for name, value in (("vllm:prefix_cache_queries_total", 1000.0),
-                        ("vllm:prefix_cache_hits_total", 400.0),
+    for name, value in (("vllm:prefix_cache_queries_total", state.prefix_queries),
+                        ("vllm:prefix_cache_hits_total", state.prefix_hits),
                         ("vllm:num_preemptions_total", 0.0),
                         ("vllm:prompt_tokens_total", state.prompt_tokens),
                         ("vllm:generation_tokens_total", state.generation_tokens)):

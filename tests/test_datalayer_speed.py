@@ -159,3 +159,75 @@ def test_triton_trtllm_page_gives_the_learner_nothing() -> None:
     assert table.prefill_tps[1] == PodTable(2).prefill_tps[1]
     assert table.raw_ttft_count[1] == 0.0
 
+
+
+def test_the_speed_of_uncached_prompt_tokens_is_learned_beside_the_speed() -> None:
+    """vLLM counts a request's cached prefix in its prompt tokens, though it costs no
+    prefill time; its prefix-cache counters say how much of the prompts that was."""
+    table, learner = PodTable(2), SpeedLearner(alpha=0.1)
+    cold, hot = PodState(), PodState()
+    for _ in range(5):
+        cold.finish(4, 1000, prefill_s=0.1, queue_s=0.0, itl_s=0.02, output_tokens=11)
+        hot.finish(4, 4000, prefill_s=0.1, queue_s=0.0, itl_s=0.02, output_tokens=11,
+                   cached_tokens=3000)
+        learner.update(table, 0, _snap(cold))
+        learner.update(table, 1, _snap(hot))
+    assert table.prefill_tps.tolist() == pytest.approx([10000.0, 40000.0])  # as counted
+    assert table.prefill_tps_uncached.tolist() == pytest.approx([10000.0, 10000.0])
+
+
+def test_hits_counted_at_scheduling_meet_the_prompt_tokens_counted_later() -> None:
+    """The engine counts a cache hit when it schedules a request and its prompt tokens
+    when its prefill (or the request) ends, windows later. After an idle gap, when the
+    one window replaces the learned speed, that request's hits must still be in it."""
+    table, learner = PodTable(1), SpeedLearner(alpha=0.1)
+    state = PodState()
+    state.finish(2, 1000, prefill_s=0.1, queue_s=0.0, itl_s=0.02, output_tokens=11)
+    learner.update(table, 0, _snap(state), now=1.0)
+    state.prefix_queries += 4000  # a hot request scheduled: 3,000 of its tokens cached
+    state.prefix_hits += 3000
+    learner.update(table, 0, _snap(state), now=10.0)
+    learner.update(table, 0, _snap(state), now=10.1)  # still prefilling
+    state.finish(1, 4000, prefill_s=0.1, queue_s=0.0, itl_s=0.02, output_tokens=11,
+                 cached_tokens=3000)
+    state.prefix_queries -= 4000  # its lookups at the end are the ones counted above
+    state.prefix_hits -= 3000
+    learner.update(table, 0, _snap(state), now=10.2)  # 9.2 s after the last: replaces
+    assert table.prefill_tps[0] == pytest.approx(40000.0)
+    assert table.prefill_tps_uncached[0] == pytest.approx(10000.0)
+    assert table.pending_cache_queries[0] == 0.0 and table.pending_cache_hits[0] == 0.0
+
+
+def test_a_page_without_prefix_cache_counters_counts_every_prompt_token() -> None:
+    table, learner = PodTable(1), SpeedLearner()
+    snap = MetricsSnapshot(values={Signal.PREFILL_TIME_SUM: 0.8, Signal.PREFILL_TIME_COUNT: 4.0,
+                                   Signal.FINISHED_PROMPT_TOKENS: 1600.0})
+    learner.update(table, 0, snap)
+    assert table.prefill_tps[0] == table.prefill_tps_uncached[0] == pytest.approx(2000.0)
+
+
+def test_a_restart_drops_the_lookups_still_pending() -> None:
+    table, learner, state = PodTable(1), SpeedLearner(alpha=0.5), PodState()
+    state.prefix_queries, state.prefix_hits = 5000.0, 4000.0  # scheduled, never prefilled
+    learner.update(table, 0, _snap(state))
+    state.restart()
+    state.finish(1, 1000, prefill_s=0.1, queue_s=0.0, itl_s=0.02, output_tokens=11)
+    learner.update(table, 0, _snap(state))
+    assert table.prefill_tps_uncached[0] == pytest.approx(10000.0)  # not 2,000
+
+
+def test_vllm_0_8_prefix_cache_counters_are_read_under_their_old_names() -> None:
+    """vLLM 0.8 exported only the gpu_-prefixed counters (the fixture's header and TYPE
+    lines); 0.10 both, the new ones first."""
+    from picker.datalayer.parser import parse_metrics as parse
+
+    page = (
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+        "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+        "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0\n"
+        "# TYPE vllm:gpu_prefix_cache_queries counter\nvllm:gpu_prefix_cache_queries_total 50\n"
+        "# TYPE vllm:gpu_prefix_cache_hits counter\nvllm:gpu_prefix_cache_hits_total 20\n"
+    )
+    values = parse(page, VLLM).values
+    assert values[Signal.PREFIX_QUERIES] == 50.0
+    assert values[Signal.PREFIX_HITS] == 20.0

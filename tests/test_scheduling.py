@@ -398,6 +398,26 @@ def test_identical_pods_with_noisy_learned_speeds_are_balanced_by_work():
     assert ttft.tolist() == pytest.approx([1_100 / 1_350 + 0.02, 1_000 / 1_350 + 0.02])
 
 
+def test_a_pod_serving_cached_prefixes_does_not_look_faster_than_its_twins():
+    """Three H100s; the engine counted cached prefix tokens as prompt tokens, so the hot
+    one read 3x the others (family-0-95). Their uncached speeds, brought to the pool's
+    level by the median ratio, make them one speed class again."""
+    pool = make_pool(4, prefill_tps=[18_000, 54_000, 20_000, 2_000],
+                     prefill_tps_uncached=[16_000, 17_000, 16_500, 2_000],
+                     decode_step_s=[0.02] * 4)
+    tps, _ = Scheduler(pool).state.speeds(NOW)
+    ratios = sorted([16_000 / 18_000, 17_000 / 54_000, 16_500 / 20_000, 1.0])
+    level = (ratios[1] + ratios[2]) / 2  # the median ratio
+    assert tps[0] == tps[1] == tps[2] == pytest.approx(16_500 / level)  # one class
+    assert tps[3] == pytest.approx(2_000 / level)  # a generation apart still
+
+
+def test_without_cached_prompt_tokens_learned_speeds_are_used_as_they_are():
+    pool = make_pool(2, prefill_tps=[2_000, 20_000], prefill_tps_uncached=[2_000, 20_000],
+                     decode_step_s=[0.02] * 2)
+    assert Scheduler(pool).state.speeds(NOW)[0].tolist()[:2] == [2_000, 20_000]
+
+
 def test_predicted_latency_batch_slot_wait():
     pool = make_pool(2, prefill_tps=[10_000] * 2, decode_step_s=[0.02] * 2, running=[256, 100])
     s = scores(pool, "predictedLatency", req(prompt=100), batch_capacity=256)

@@ -44,6 +44,10 @@ class Signal(StrEnum):
     # prompt tokens of *finished* requests (histogram sum): observed at the same
     # moment as the prefill-time histogram, so the two deltas cover the same requests
     FINISHED_PROMPT_TOKENS = "finished_prompt_tokens"
+    # prompt tokens the engine looked up in its prefix cache, and those it found there:
+    # the share of a pod's prompt tokens that cost no prefill (picker.datalayer.speed)
+    PREFIX_QUERIES = "prefix_queries"
+    PREFIX_HITS = "prefix_hits"
 
 
 class Aggregate(StrEnum):
@@ -170,6 +174,13 @@ VLLM = EngineProfile(
         ("vllm:prompt_tokens_total", Signal.PROMPT_TOKENS),
         ("vllm:generation_tokens_total", Signal.GENERATION_TOKENS),
         ("vllm:request_prompt_tokens_sum", Signal.FINISHED_PROMPT_TOKENS),
+        # V1's prefix-cache counters, in tokens; the gpu_-prefixed names are their deprecated
+        # twins ("DEPRECATED: Use vllm:prefix_cache_hits instead"), the only ones of 0.8
+        # (tests/fixtures/metrics/vllm-0.10.0-v1-production-stack-617.txt, vllm-0.8-v1-...)
+        ("vllm:prefix_cache_queries_total", Signal.PREFIX_QUERIES),
+        ("vllm:gpu_prefix_cache_queries_total", Signal.PREFIX_QUERIES),
+        ("vllm:prefix_cache_hits_total", Signal.PREFIX_HITS),
+        ("vllm:gpu_prefix_cache_hits_total", Signal.PREFIX_HITS),
     ),
 )
 
