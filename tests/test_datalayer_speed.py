@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from picker.datalayer.engines import TRTLLM, VLLM, Signal
+from picker.datalayer.engines import SGLANG, TRTLLM, VLLM, Signal
 from picker.datalayer.parser import MetricsSnapshot, parse_metrics
 from picker.datalayer.speed import (
     SpeedLearner,
@@ -231,3 +231,24 @@ def test_vllm_0_8_prefix_cache_counters_are_read_under_their_old_names() -> None
     values = parse(page, VLLM).values
     assert values[Signal.PREFIX_QUERIES] == 50.0
     assert values[Signal.PREFIX_HITS] == 20.0
+
+
+def test_sglang_prefill_speed_is_ttft_less_queue_time() -> None:
+    """SGLang exports no prefill-time histogram, but TTFT and queue time: their
+    difference is the prefill (and first step) vLLM's histogram measures."""
+    table, learner, state = PodTable(1), SpeedLearner(alpha=0.5), PodState()
+    state.finish(4, 1000, prefill_s=0.1, queue_s=0.3, itl_s=0.02, output_tokens=11)
+    learner.update(table, 0, parse_metrics(render("sglang", state), SGLANG))
+    assert table.prefill_tps[0] == pytest.approx(10000.0)
+    state.finish(4, 1000, prefill_s=0.2, queue_s=0.0, itl_s=0.02, output_tokens=11)
+    learner.update(table, 0, parse_metrics(render("sglang", state), SGLANG))
+    assert table.prefill_tps[0] == pytest.approx(10000 + (1 - 0.5**4) * (5000 - 10000))
+
+
+def test_no_derived_prefill_when_ttft_and_queue_time_count_other_requests() -> None:
+    table, learner = PodTable(1), SpeedLearner()
+    snap = MetricsSnapshot(values={Signal.TTFT_SUM: 1.0, Signal.TTFT_COUNT: 5.0,
+                                   Signal.QUEUE_TIME_SUM: 0.2, Signal.QUEUE_TIME_COUNT: 6.0,
+                                   Signal.PROMPT_TOKENS: 5000.0})
+    learner.update(table, 0, snap)
+    assert table.prefill_tps[0] == 0.0

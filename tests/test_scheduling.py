@@ -404,7 +404,7 @@ def test_a_pod_serving_cached_prefixes_does_not_look_faster_than_its_twins():
     level by the median ratio, make them one speed class again."""
     pool = make_pool(4, prefill_tps=[18_000, 54_000, 20_000, 2_000],
                      prefill_tps_uncached=[16_000, 17_000, 16_500, 2_000],
-                     decode_step_s=[0.02] * 4)
+                     raw_cache_queries=[9e5] * 4, decode_step_s=[0.02] * 4)
     tps, _ = Scheduler(pool).state.speeds(NOW)
     ratios = sorted([16_000 / 18_000, 17_000 / 54_000, 16_500 / 20_000, 1.0])
     level = (ratios[1] + ratios[2]) / 2  # the median ratio
@@ -414,8 +414,18 @@ def test_a_pod_serving_cached_prefixes_does_not_look_faster_than_its_twins():
 
 def test_without_cached_prompt_tokens_learned_speeds_are_used_as_they_are():
     pool = make_pool(2, prefill_tps=[2_000, 20_000], prefill_tps_uncached=[2_000, 20_000],
-                     decode_step_s=[0.02] * 2)
+                     raw_cache_queries=[9e5] * 2, decode_step_s=[0.02] * 2)
     assert Scheduler(pool).state.speeds(NOW)[0].tolist()[:2] == [2_000, 20_000]
+
+
+def test_without_engine_cache_counters_the_gateways_own_cached_share_corrects_speeds():
+    """SGLang's page counts no prefix-cache hits: the share of each pod's prompts the
+    gateway expected cached (its prefix index at dispatch) stands in."""
+    pool = make_pool(2, prefill_tps=[12_000, 30_000], decode_step_s=[0.02] * 2)
+    sched = Scheduler(pool)
+    sched.state.cached_share[:2] = [0.5, 0.8]
+    tps, _ = sched.state.speeds(NOW)
+    assert tps[0] == tps[1] == pytest.approx(6_000 / 0.35)  # 6k, 6k at the median ratio
 
 
 def test_predicted_latency_batch_slot_wait():

@@ -155,6 +155,8 @@ class SpeedLearner:
             tokens = Signal.PROMPT_TOKENS
         current = _present(snapshot, Signal.PREFILL_TIME_SUM, Signal.PREFILL_TIME_COUNT, tokens)
         if current is None:
+            current = _derived_prefill(snapshot)
+        if current is None:
             return False
         d_seconds, d_count, d_tokens = self._remember(table, row, PREFILL, current)
         uncached = self._uncached(table, row, snapshot, d_tokens)
@@ -200,3 +202,19 @@ class SpeedLearner:
         table.pending_cache_queries[row] = queries * keep
         table.pending_cache_hits[row] = hits * keep
         return d_tokens * (1.0 - min(hits / queries, 1.0))
+
+
+def _derived_prefill(snapshot: MetricsSnapshot) -> tuple[float, float, float] | None:
+    """(prefill seconds, requests, prompt tokens) as counters, for a page with no
+    prefill-time histogram but TTFT and queue-time histograms (SGLang 0.5): a request's
+    TTFT less its time in the queue is its prefill and first step, as vLLM's
+    prefill-time histogram measures it. Each request adds TTFT >= queue time, so the
+    difference of the two sums only grows, as a counter does."""
+    present = _present(snapshot, Signal.TTFT_SUM, Signal.TTFT_COUNT, Signal.QUEUE_TIME_SUM,
+                       Signal.QUEUE_TIME_COUNT, Signal.PROMPT_TOKENS)
+    if present is None:
+        return None
+    ttft_sum, ttft_count, queue_sum, queue_count, tokens = present
+    if queue_count != ttft_count:  # not the same requests: no window to read
+        return None
+    return max(ttft_sum - queue_sum, 0.0), ttft_count, tokens

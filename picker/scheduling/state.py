@@ -487,7 +487,9 @@ class PoolState:
         stale = (t.speed_seen_at > 0) & (now - t.speed_seen_at > SPEED_STALE_S)
         slowness[stale] = 1.0
         learned = (t.prefill_tps > 0) & ~stale
-        tps = np.where(learned, _uncached_speeds(t.prefill_tps, t.prefill_tps_uncached, learned),
+        uncached = np.where(t.raw_cache_queries > 0, t.prefill_tps_uncached,
+                            t.prefill_tps * (1.0 - self.cached_share))
+        tps = np.where(learned, _uncached_speeds(t.prefill_tps, uncached, learned),
                        ref_tps / slowness)
         tps = speed_classes(tps, np.flatnonzero(valid))
         step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
