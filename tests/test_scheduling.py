@@ -400,16 +400,16 @@ def test_identical_pods_with_noisy_learned_speeds_are_balanced_by_work():
 
 def test_a_pod_serving_cached_prefixes_does_not_look_faster_than_its_twins():
     """Three H100s; the engine counted cached prefix tokens as prompt tokens, so the hot
-    one read 3x the others (family-0-95). Their uncached speeds, brought to the pool's
-    level by the median ratio, make them one speed class again."""
+    one read 3x the others (family-0-95). A pod whose share of uncached tokens is under the
+    pool's median is slowed by that proportion (never sped up): one speed class again."""
     pool = make_pool(4, prefill_tps=[18_000, 54_000, 20_000, 2_000],
                      prefill_tps_uncached=[16_000, 17_000, 16_500, 2_000],
                      raw_cache_queries=[9e5] * 4, decode_step_s=[0.02] * 4)
     tps, _ = Scheduler(pool).state.speeds(NOW)
-    ratios = sorted([16_000 / 18_000, 17_000 / 54_000, 16_500 / 20_000, 1.0])
-    level = (ratios[1] + ratios[2]) / 2  # the median ratio
-    assert tps[0] == tps[1] == tps[2] == pytest.approx(16_500 / level)  # one class
-    assert tps[3] == pytest.approx(2_000 / level)  # a generation apart still
+    ref = (16_000 / 18_000 + 16_500 / 20_000) / 2  # the median ratio of uncached to raw
+    corrected = [18_000, 17_000 / ref, 16_500 / ref]  # the first is over the median: as is
+    assert tps[0] == tps[1] == tps[2] == pytest.approx(sorted(corrected)[1])  # one class
+    assert tps[3] == 2_000  # a generation apart still
 
 
 def test_without_cached_prompt_tokens_learned_speeds_are_used_as_they_are():
@@ -425,7 +425,8 @@ def test_without_engine_cache_counters_the_gateways_own_cached_share_corrects_sp
     sched = Scheduler(pool)
     sched.state.cached_share[:2] = [0.5, 0.8]
     tps, _ = sched.state.speeds(NOW)
-    assert tps[0] == tps[1] == pytest.approx(6_000 / 0.35)  # 6k, 6k at the median ratio
+    # uncached 6k and 6k, at the median ratio 0.35: an estimate is scaled both ways
+    assert tps[0] == tps[1] == pytest.approx(6_000 / 0.35)
 
 
 def test_predicted_latency_batch_slot_wait():

@@ -487,9 +487,10 @@ class PoolState:
         stale = (t.speed_seen_at > 0) & (now - t.speed_seen_at > SPEED_STALE_S)
         slowness[stale] = 1.0
         learned = (t.prefill_tps > 0) & ~stale
-        uncached = np.where(t.raw_cache_queries > 0, t.prefill_tps_uncached,
+        counted = t.raw_cache_queries > 0
+        uncached = np.where(counted, t.prefill_tps_uncached,
                             t.prefill_tps * (1.0 - self.cached_share))
-        tps = np.where(learned, _uncached_speeds(t.prefill_tps, uncached, learned),
+        tps = np.where(learned, _uncached_speeds(t.prefill_tps, uncached, learned, counted),
                        ref_tps / slowness)
         tps = speed_classes(tps, np.flatnonzero(valid))
         step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
@@ -590,24 +591,34 @@ class PoolState:
         self._speed_at = -math.inf
 
 
-def _uncached_speeds(tps: np.ndarray, uncached: np.ndarray, learned: np.ndarray) -> np.ndarray:
-    """Learned prefill speeds counting only the prompt tokens engines did not find cached
-    (picker.datalayer.speed), brought to the pool's level by the median ratio of the two
-    speeds: a pod serving hot prefixes loses its lead over its twins, and the pool keeps
-    the level flow control's start-delay bound was measured with. Counted in full (no
-    cache counters, or nothing cached) every ratio is 1 and the speeds are as learned.
+def _uncached_speeds(tps: np.ndarray, uncached: np.ndarray, learned: np.ndarray,
+                     counted: np.ndarray) -> np.ndarray:
+    """Learned prefill speeds with what sets a pod serving hot prefixes ahead of its twins
+    taken out, relative to the pool's median ratio of uncached to counted speed. Where the
+    engine counts its cache hits (`counted`: picker.datalayer.speed) a pod under the median
+    is slowed by that proportion and the others keep their speed; where the gateway's own
+    expected cached share stands in (SGLang), every pod is scaled by it, both ways. Nothing
+    cached, every ratio is 1 and the speeds are as learned.
 
-    At their own level the uncached speeds (prefill time includes the batch-mates', so
-    they read under the GPU's) held requests in the gateway: family-0-28 (7 A10Gs, 91 %
-    load, 1.1k against a true 1.6k tokens/s) 0.96 -> 1.83x best-ttft, and -72 failed 27
-    of its requests instead of none.
+    Not the uncached speeds themselves: they read under the GPU's (prefill time includes
+    the batch-mates' and the first step's), and at that level flow control's start-delay
+    bound held requests in the gateway (family-0-28, 7 A10Gs at 91 % load, 1.1k against a
+    true 1.6k tokens/s: 0.96 -> 1.83x best-ttft; -72 failed 27 of its requests instead of
+    none). Not sped up either: with the first step in every request's prefill time, a pod
+    whose prompts were mostly cached reads a lower uncached speed than a twin serving cold
+    ones, so raising the cold pod by its ratio split the prefix scenario's four A100s into
+    two classes (0.17 against 0.09-0.13 uncached per counted token; p95 0.688 -> 1.085 s on
+    two plan seeds of six). The gateway's estimate has no step in it, and slowing only
+    (all pods) left SGLang's four H200s of family-0-43 (system prompts on 92 %) at 2.9x
+    round-robin's p95, against 1.13x scaled both ways.
     """
     ratio = np.divide(uncached, tps, out=np.ones(len(tps)), where=(tps > 0) & (uncached > 0))
     np.minimum(ratio, 1.0, out=ratio)
     if not learned.any():
         return tps
     ref = float(np.median(ratio[learned]))
-    return tps * ratio / max(ref, 0.05)
+    scale = ratio / max(ref, 0.05)
+    return tps * np.where(counted, np.minimum(scale, 1.0), scale)
 
 
 def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
