@@ -39,9 +39,14 @@ def counter_deltas(current: tuple[float, ...], previous: tuple[float, ...]) -> t
     If any of them went down the pod restarted, and every counter of the group
     restarted with it: the current values are then the whole growth.
     """
-    if any(c < p for c, p in zip(current, previous, strict=True)):
+    if restarted(current, previous):
         return current
     return tuple(c - p for c, p in zip(current, previous, strict=True))
+
+
+def restarted(current: tuple[float, ...], previous: tuple[float, ...]) -> bool:
+    """A group of counters went down: the pod restarted since `previous` was read."""
+    return any(c < p for c, p in zip(current, previous, strict=True))
 
 
 def window_mean(delta_sum: float, delta_count: float) -> float | None:
@@ -95,6 +100,11 @@ CACHE_HITS = _Estimate("prefill_tps_uncached", ("raw_cache_queries", "raw_cache_
 RAW_COLUMNS = tuple(c for e in (TTFT, QUEUE, DECODE, PREFILL, CACHE_HITS) for c in e.raw_columns)
 
 
+def _stored(table: PodTable, row: int, est: _Estimate) -> tuple[float, ...]:
+    """The raw counter values of `est` kept from the row's previous scrape."""
+    return tuple(float(getattr(table, c)[row]) for c in est.raw_columns)
+
+
 def _present(snapshot: MetricsSnapshot, *signals: Signal) -> tuple[float, ...] | None:
     values = snapshot.values
     out = tuple(values.get(s, math.nan) for s in signals)
@@ -127,7 +137,7 @@ class SpeedLearner:
     def _remember(self, table: PodTable, row: int, est: _Estimate,
                   current: tuple[float, ...]) -> tuple[float, ...]:
         """Swap the stored raw counters for `current`; returns the reset-aware deltas."""
-        previous = tuple(float(getattr(table, c)[row]) for c in est.raw_columns)
+        previous = _stored(table, row, est)
         for column, value in zip(est.raw_columns, current, strict=True):
             getattr(table, column)[row] = value
         return counter_deltas(current, previous)
@@ -191,7 +201,7 @@ class SpeedLearner:
         current = _present(snapshot, Signal.PREFIX_QUERIES, Signal.PREFIX_HITS)
         if current is None:
             return d_tokens
-        if current[0] < table.raw_cache_queries[row]:  # restarted: its lookups are gone
+        if restarted(current, _stored(table, row, CACHE_HITS)):  # its lookups are gone
             table.pending_cache_queries[row] = table.pending_cache_hits[row] = 0.0
         d_queries, d_hits = self._remember(table, row, CACHE_HITS, current)
         queries = float(table.pending_cache_queries[row]) + max(d_queries, 0.0)

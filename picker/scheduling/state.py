@@ -612,10 +612,10 @@ def _uncached_speeds(tps: np.ndarray, uncached: np.ndarray, learned: np.ndarray,
     (all pods) left SGLang's four H200s of family-0-43 (system prompts on 92 %) at 2.9x
     round-robin's p95, against 1.13x scaled both ways.
     """
-    ratio = np.divide(uncached, tps, out=np.ones(len(tps)), where=(tps > 0) & (uncached > 0))
-    np.minimum(ratio, 1.0, out=ratio)
     if not learned.any():
         return tps
+    ratio = np.divide(uncached, tps, out=np.ones(len(tps)), where=(tps > 0) & (uncached > 0))
+    np.minimum(ratio, 1.0, out=ratio)
     ref = float(np.median(ratio[learned]))
     scale = ratio / max(ref, 0.05)
     return tps * np.where(counted, np.minimum(scale, 1.0), scale)
