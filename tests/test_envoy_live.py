@@ -126,15 +126,18 @@ def decide(test: dict) -> pb.ProcessingResponse:
 
 
 class StandInPicker(pb_grpc.ExternalProcessorServicer):
-    """Headers → continue; body → `decide`. Counts streams so tests can see it was asked,
-    and keeps each stream's first message (the one-message route starts with the body)."""
+    """Headers → continue; body → `decide`. Keeps each stream's first message (the
+    one-message route starts with the body), and what it was asked about: the path of every
+    header message and the `tag` of every body's instructions. Tests that check the picker
+    was not asked look for their own request there rather than count streams, because a
+    stream Envoy opened for an earlier test's request can reach this server late."""
 
     def __init__(self) -> None:
-        self.streams = 0
         self.first: list[pb.ProcessingRequest] = []
+        self.paths: list[str] = []
+        self.tags: list[str] = []
 
     async def Process(self, request_iterator, context):
-        self.streams += 1
         first = True
         async for request in request_iterator:
             if first:
@@ -142,12 +145,18 @@ class StandInPicker(pb_grpc.ExternalProcessorServicer):
                 first = False
             kind = request.WhichOneof("request")
             if kind == "request_headers":
+                self.paths.extend(
+                    h.raw_value.decode() or h.value
+                    for h in request.request_headers.headers.headers
+                    if h.key == ":path"
+                )
                 if request.request_headers.end_of_stream:
                     yield decide({})  # no body will come: decide on headers alone
                     continue
                 yield pb.ProcessingResponse(request_headers=pb.HeadersResponse())
             elif kind == "request_body":
                 test = picker_instructions(request.request_body.body)
+                self.tags.append(str(test.get("tag", "")))
                 if test.get("sleep_s"):
                     await asyncio.sleep(test["sleep_s"])
                 yield decide(test)
@@ -453,6 +462,7 @@ def test_chunked_body_takes_the_two_message_path(gateway: Gateway, fleet: Fleet)
     assert resp.headers["x-served-by"] == "B"
     (first,) = picker.first[before:]
     assert first.WhichOneof("request") == "request_headers"
+    assert picker.paths[-1] == "/v1/chat/completions"
 
 
 def test_client_destination_header_never_wins(gateway: Gateway, fleet: Fleet) -> None:
@@ -604,11 +614,10 @@ def test_openai_client_reads_gateway_errors(gateway: Gateway) -> None:
 
 
 def test_healthz_is_answered_by_envoy(gateway: Gateway, fleet: Fleet) -> None:
-    before = fleet.servers.picker.streams
     with gateway.client() as client:
         resp = client.get("/healthz")
     assert resp.status_code == 200
-    assert fleet.servers.picker.streams == before  # ext_proc disabled on this route
+    assert "/healthz" not in fleet.servers.picker.paths  # ext_proc disabled on this route
 
 
 def test_slow_picker_becomes_503_after_message_timeout(gateway: Gateway) -> None:
@@ -808,23 +817,28 @@ def test_jwt_guards_everything_but_healthz(
     good = es256_token(key, claims)
     wrong_audience = es256_token(key, {**claims, "aud": "other"})
     other_key = es256_token(ec.generate_private_key(ec.SECP256R1()), claims)
-    body = chat({"pool": "a", "dest": fleet["A"]})
+    tag = f"rejected-{jwks_source}"
+    rejected = chat({"pool": "a", "dest": fleet["A"], "tag": tag})
     with running_gateway(tmp, document) as gw, gw.client() as client:
-        before = fleet.servers.picker.streams
         for token in (None, "not-a-jwt", other_key):
             headers = {"authorization": f"Bearer {token}"} if token else {}
-            resp = client.post("/v1/chat/completions", json=body, headers=headers)
+            resp = client.post("/v1/chat/completions", json=rejected, headers=headers)
             assert resp.status_code == 401, resp.text
             assert resp.json()["error"]["type"] == "authentication_error"
         resp = client.post(
-            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {wrong_audience}"}
+            "/v1/chat/completions",
+            json=rejected,
+            headers={"authorization": f"Bearer {wrong_audience}"},
         )
         assert resp.status_code == 403
         assert resp.json()["error"]["type"] == "permission_error"
-        assert fleet.servers.picker.streams == before  # rejected before ext_proc
+        assert tag not in fleet.servers.picker.tags  # rejected before ext_proc
         assert client.get("/healthz").status_code == 200
         resp = client.post(
-            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {good}"}
+            "/v1/chat/completions",
+            json=chat({"pool": "a", "dest": fleet["A"], "tag": f"accepted-{jwks_source}"}),
+            headers={"authorization": f"Bearer {good}"},
         )
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-served-by"] == "A"
+        assert f"accepted-{jwks_source}" in fleet.servers.picker.tags
