@@ -504,6 +504,22 @@ def test_lora_home_keeps_an_adapter_where_it_is_while_that_costs_little():
     assert set(sched.pick(req(adapter="ad-a"), NOW).rows) == {0, 1, 2, 4}
 
 
+def test_lora_home_has_no_slack_against_a_free_slot_while_slots_abound():
+    """8 slots for 3 adapters: a pod with a free slot churns nothing, so a home a little
+    slower than it (less than HOME_SLACK_S) no longer keeps the request; with 5 adapters
+    for the same 8 slots, a spill would take a slot a homeless adapter needs: home kept."""
+    pool = _lora_pool()  # ad-a resident on row 0, queued on row 2; row 1 has a free slot
+    sched = Scheduler(pool, max_fallbacks=4)
+    pool.table.waiting[[0, 2]] = 1
+    ctx = ScoringContext(pool, sched.state, req(adapter="ad-a"), np.array([0, 1, 2, 4]), NOW)
+    ttft = predicted_ttft(ctx, 256)
+    assert ttft[1] < ttft[[0, 2]].min() <= ttft.min() + HOME_SLACK_S
+    assert set(sched.pick(req(adapter="ad-a"), NOW).rows) == {0, 1, 2, 4}
+    for adapter in ("ad-d", "ad-e"):
+        pool.adapter_slot(adapter)
+    assert set(sched.pick(req(adapter="ad-a"), NOW).rows) == {0, 2}
+
+
 # -- picking --------------------------------------------------------------------------
 
 

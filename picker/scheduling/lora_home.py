@@ -18,6 +18,17 @@ otherwise every candidate the `lora` filter kept stays (spill). Measured on the
 44 LoRA scenarios of the family (seed 0, docs/benchmarks.md): TTFT p95 0.86x
 (geometric mean), scenarios within 1.2x of best-ttft 45 % -> 52 %, adapter loads
 within 1.5x of adapter-affine's 49 % -> 59 %; slacks of 0.1 s and 0.5 s did worse.
+
+The slack is what a spill may cost in churn: the adapter it evicts, or the slot a later
+adapter without a home then waits for. Where the pool's slots are plenty for its adapters
+(at least SPARE_SLOTS_PER_ADAPTER each, `_slots_abound`), a pod with a free slot churns
+nothing, so against those the home gets no slack: only the load, which the predicted TTFT
+already holds. A quarter second was a dozen first tokens of a small model on fast GPUs:
+family-1-42 (a 3B model with 6 adapters and 3 slots on 7 pods, L4 + H100 + L40S) kept its
+most popular adapter on the L40S and L4s where it had first landed, with H100s free, at
+4.1x best-ttft. Where slots are scarce a spill into a free one takes it from an adapter
+that has no home yet, which then starves behind running ones (family-0-44: 19 adapters in
+20 slots, 1.2x -> 23x best-ttft when every free slot counted as free).
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, cached_ttf
 # adapter than at the fastest candidate (seconds): about one A10G prefill of a median
 # chat prompt, the adapter-affine yardstick's slack.
 HOME_SLACK_S = 0.25
+# Adapter slots in the pool per adapter it serves, at least, for a free slot to cost no churn.
+SPARE_SLOTS_PER_ADAPTER = 2.0
 
 
 @FILTERS.register
@@ -48,11 +61,26 @@ class LoraHome:
         state = lora_state(ctx)
         if state is None:
             return np.ones(n, dtype=bool)
-        resident, waiting, _ = state
+        resident, waiting, free = state
         home = resident | waiting
         if home.all() or not home.any():
             return np.ones(n, dtype=bool)
         ttft = cached_ttft(ctx, DEFAULT_BATCH_CAPACITY)
-        if ttft[home].min() <= ttft.min() + HOME_SLACK_S:
+        limit = ttft.min() + HOME_SLACK_S
+        spare = free & ~home
+        if spare.any() and _slots_abound(ctx):
+            limit = min(limit, float(ttft[spare].min()))
+        if ttft[home].min() <= limit:
             return home
         return np.ones(n, dtype=bool)
+
+
+def _slots_abound(ctx: ScoringContext) -> bool:
+    """The pool's adapter slots (the page's `max_lora`, else the slots the pool proved,
+    at least one) number SPARE_SLOTS_PER_ADAPTER per adapter it knows, or more."""
+    table = ctx.table
+    valid = table.valid
+    max_lora = table.max_lora[valid]
+    proved = np.maximum(ctx.state.adapter_slots[valid], 1.0)
+    slots = float(np.where(max_lora > 0, max_lora, proved).sum())
+    return slots >= SPARE_SLOTS_PER_ADAPTER * len(ctx.pool.adapter_index)
