@@ -51,6 +51,7 @@ from igw_envoy import (
     write_endpoints,
 )
 from igw_envoy.tls import generated_files, issue_server_cert, load_ca
+from picker.ext_proc_wire import read_headers
 from tests.jwt_keys import es256_token, jwks
 
 try:
@@ -145,11 +146,7 @@ class StandInPicker(pb_grpc.ExternalProcessorServicer):
                 first = False
             kind = request.WhichOneof("request")
             if kind == "request_headers":
-                self.paths.extend(
-                    h.raw_value.decode() or h.value
-                    for h in request.request_headers.headers.headers
-                    if h.key == ":path"
-                )
+                self.paths.append(read_headers(request.request_headers.headers).path)
                 if request.request_headers.end_of_stream:
                     yield decide({})  # no body will come: decide on headers alone
                     continue

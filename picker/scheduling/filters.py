@@ -115,18 +115,24 @@ def lora_state(ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     # with 1 there (as before), an adapter whose requests had ended counted as resident only
     # while it was the last one sent, so lora-home found no home and spilled it; 107
     # adapter loads against adapter-affine's 19 on family-0-8 (TensorRT-LLM, 4 slots).
-    capacity = np.where(unknown, ctx.state.adapter_slots[ctx.index], max_lora)
+    capacity = adapter_capacity(max_lora, ctx.state.adapter_slots[ctx.index])
     resident = table.lora_running[ctx.index, slot] | _recently_sent(ctx, slot, capacity)
     waiting = table.lora_waiting[ctx.index, slot]
     used = np.count_nonzero(table.lora_running[ctx.index], axis=1)
     free = used < max_lora
     if unknown.any():
-        resident, free = _unknown_slots(ctx, slot, unknown, resident, free)
+        resident, free = _unknown_slots(ctx, slot, unknown, capacity, resident, free)
     return resident, waiting, free
 
 
-def _unknown_slots(ctx: ScoringContext, slot: int, unknown: np.ndarray, resident: np.ndarray,
-                   free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def adapter_capacity(max_lora: np.ndarray, proved: np.ndarray) -> np.ndarray:
+    """Adapter slots per pod: the page's `max_lora`, else the slots the pool proved
+    (PoolState.adapter_slots), at least one."""
+    return np.where(max_lora > 0, max_lora, np.maximum(proved, 1.0))
+
+
+def _unknown_slots(ctx: ScoringContext, slot: int, unknown: np.ndarray, capacity: np.ndarray,
+                   resident: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Residency and free slots where the engine says nothing of adapters, from the
     gateway's own accounting: an adapter with requests in flight holds a slot (it is
     resident), and a pod has one free while fewer other adapters are in flight than it
@@ -135,24 +141,22 @@ def _unknown_slots(ctx: ScoringContext, slot: int, unknown: np.ndarray, resident
     slots two running adapters kept busy, where it waited seconds for one (family-0-97,
     SGLang 0.4, 18 adapters on 11 pods of 2 slots: TTFT p95 11.2 s against
     adapter-affine's 0.1 s, 91 adapter loads against 5)."""
-    state = ctx.state
-    inflight = state.adapter_inflight[ctx.index]
+    inflight = ctx.state.adapter_inflight[ctx.index]
     mine = inflight[:, slot] > 0
     others = np.count_nonzero(inflight, axis=1) - mine
-    slots = np.maximum(state.adapter_slots[ctx.index], 1.0)
     resident = np.where(unknown, resident | mine, resident)
-    free = np.where(unknown, others < slots, free)
+    free = np.where(unknown, others < capacity, free)
     return resident, free
 
 
 def _recently_sent(ctx: ScoringContext, slot: int, capacity: np.ndarray) -> np.ndarray:
     """Pods the gateway sent this adapter to lately, where it is still among the
-    `capacity` (adapter slots, at least 1) most recently sent adapters (engines evict
-    adapters LRU)."""
+    `capacity` (`adapter_capacity`) most recently sent adapters (engines evict adapters
+    LRU)."""
     sent = ctx.state.adapter_sent[ctx.index]
     mine = sent[:, slot]
     newer = np.count_nonzero(sent > mine[:, None], axis=1)
-    return (mine > ctx.now - ADAPTER_MEMORY_S) & (mine > 0) & (newer < np.maximum(capacity, 1))
+    return (mine > ctx.now - ADAPTER_MEMORY_S) & (mine > 0) & (newer < capacity)
 
 
 @FILTERS.register

@@ -38,7 +38,7 @@ from typing import ClassVar
 import numpy as np
 
 from picker.scheduling.context import ScoringContext
-from picker.scheduling.filters import lora_state
+from picker.scheduling.filters import adapter_capacity, lora_state
 from picker.scheduling.plugins import FILTERS
 from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, cached_ttft
 
@@ -76,11 +76,8 @@ class LoraHome:
 
 
 def _slots_abound(ctx: ScoringContext) -> bool:
-    """The pool's adapter slots (the page's `max_lora`, else the slots the pool proved,
-    at least one) number SPARE_SLOTS_PER_ADAPTER per adapter it knows, or more."""
-    table = ctx.table
-    valid = table.valid
-    max_lora = table.max_lora[valid]
-    proved = np.maximum(ctx.state.adapter_slots[valid], 1.0)
-    slots = float(np.where(max_lora > 0, max_lora, proved).sum())
-    return slots >= SPARE_SLOTS_PER_ADAPTER * len(ctx.pool.adapter_index)
+    """The pool's adapter slots (`adapter_capacity` of every pod) number
+    SPARE_SLOTS_PER_ADAPTER per adapter it knows, or more."""
+    valid = ctx.table.valid
+    slots = adapter_capacity(ctx.table.max_lora[valid], ctx.state.adapter_slots[valid]).sum()
+    return float(slots) >= SPARE_SLOTS_PER_ADAPTER * len(ctx.pool.adapter_index)
