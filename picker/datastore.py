@@ -38,6 +38,9 @@ FLOAT_COLUMNS = (
     "prefill_tps_uncached",  # the same, counting only prompt tokens not found cached
     "decode_step_s",
     "ttft_s",
+    # how long the engine's next step will take while it is busy, from its step counter
+    # (TensorRT-LLM's iterations); 0 while idle or unknown
+    "iteration_s",
     # the gateway's own view, kept between scrapes
     "inflight",
     "dispatched",
@@ -61,6 +64,13 @@ FLOAT_COLUMNS = (
     "raw_prefill_tokens",
     "raw_cache_queries",
     "raw_cache_hits",
+    # the step counter where it last moved, when, whether the pod was busy then, and
+    # the step length and time between moves learned from it
+    "raw_iterations",
+    "raw_iterations_at",
+    "raw_iterations_busy",
+    "raw_iteration_mean",
+    "raw_iteration_gap",
     # prefix-cache lookups counted at scheduling whose prompt tokens were not counted yet
     "pending_cache_queries",
     "pending_cache_hits",

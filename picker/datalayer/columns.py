@@ -28,7 +28,8 @@ GAUGE_COLUMNS: tuple[tuple[Signal, str], ...] = (
 WRITTEN_COLUMNS = (
     "waiting", "running", "kv_usage", "max_lora", "kv_block_size", "kv_num_blocks",
     "lora_running", "lora_waiting",  # (rows, MAX_ADAPTERS) bool matrices
-    "prefill_tps", "prefill_tps_uncached", "decode_step_s", "ttft_s", "queue_s", *RAW_COLUMNS,
+    "prefill_tps", "prefill_tps_uncached", "decode_step_s", "ttft_s", "queue_s", "iteration_s",
+    *RAW_COLUMNS,
     "pending_cache_queries", "pending_cache_hits", "prompt_tokens_total",
     "engine_steps",
     # through Pool.mark_scrape (which also zeroes `dispatched` on a good scrape)

@@ -97,7 +97,15 @@ QUEUE = _Estimate("queue_s", ("raw_queue_sum", "raw_queue_count"))
 DECODE = _Estimate("decode_step_s", ("raw_tpot_sum", "raw_tpot_count"))
 PREFILL = _Estimate("prefill_tps", ("raw_prefill_sum", "raw_prefill_count", "raw_prefill_tokens"))
 CACHE_HITS = _Estimate("prefill_tps_uncached", ("raw_cache_queries", "raw_cache_hits"))
-RAW_COLUMNS = tuple(c for e in (TTFT, QUEUE, DECODE, PREFILL, CACHE_HITS) for c in e.raw_columns)
+# The step counter where it last moved, when, whether the pod was busy then, and the step
+# length and the time between moves learned so far (`SpeedLearner._iterations`).
+ITERATION_RAW_COLUMNS = ("raw_iterations", "raw_iterations_at", "raw_iterations_busy",
+                         "raw_iteration_mean", "raw_iteration_gap")
+RAW_COLUMNS = (*(c for e in (TTFT, QUEUE, DECODE, PREFILL, CACHE_HITS) for c in e.raw_columns),
+               *ITERATION_RAW_COLUMNS)
+# Weight of one new step-length sample: the step length is a load signal, so it follows
+# the pod within a few samples rather than averaging over many.
+ITERATION_ALPHA = 0.5
 
 
 def _stored(table: PodTable, row: int, est: _Estimate) -> tuple[float, ...]:
@@ -133,6 +141,51 @@ class SpeedLearner:
         observed |= self._prefill(table, row, snapshot, forget)
         if observed and now is not None:
             table.speed_seen_at[row] = now
+        if now is not None:
+            self._iterations(table, row, snapshot, now)
+
+    def _iterations(self, table: PodTable, row: int, snapshot: MetricsSnapshot,
+                    now: float) -> None:
+        """How long the engine's next step will take (`iteration_s`), from a step counter
+        (TensorRT-LLM's iterations): time between two scrapes at which the counter moved,
+        over its growth, folded into a quick EWMA; 0 while idle.
+
+        TensorRT-LLM's page has no latency histogram and no token counter, so nothing else
+        shows the work it holds: its scheduler admits every request it has room for into
+        the next step (`waiting` stays near 0), and the load shows as longer steps, each
+        carrying the admitted prompts' prefill and a longer batch. A request sent there
+        waits for the step in progress and then shares the next. Read between moves of the
+        counter, not between scrapes: Triton refreshes its metrics on its own interval
+        (`--metrics-interval-ms`, 2 s by default), the counter stands still in between and
+        a refresh's jump covers the time since the last one. Only while the pod was busy
+        at both moves (`running` >= 1). A step still running longer than the usual time
+        between moves (a long prefill, a stalled engine) counts at its length so far, so a
+        pod that just took a burst does not look idle until its first step ends; within
+        the usual time the counter may just not be refreshed yet.
+        """
+        current = snapshot.values.get(Signal.ITERATIONS, math.nan)
+        if math.isnan(current):
+            return
+        busy = snapshot.values.get(Signal.RUNNING, 0.0) >= 1.0
+        previous = float(table.raw_iterations[row])
+        since = now - float(table.raw_iterations_at[row])
+        anchored = table.raw_iterations_busy[row] > 0
+        if busy and anchored and current == previous:  # no step ended that the page shows
+            stalled = since - float(table.raw_iteration_gap[row])
+            table.iteration_s[row] = max(float(table.raw_iteration_mean[row]), stalled)
+            return
+        if not busy:
+            table.raw_iteration_mean[row] = 0.0
+        elif anchored and current > previous:
+            mean = ewma(float(table.raw_iteration_mean[row]), since / (current - previous),
+                        ITERATION_ALPHA)
+            table.raw_iteration_mean[row] = mean
+            table.raw_iteration_gap[row] = ewma(float(table.raw_iteration_gap[row]), since,
+                                                ITERATION_ALPHA)
+        table.iteration_s[row] = table.raw_iteration_mean[row]
+        table.raw_iterations[row] = current  # the new anchor (a decrease: a restart)
+        table.raw_iterations_at[row] = now
+        table.raw_iterations_busy[row] = 1.0 if busy else 0.0
 
     def _remember(self, table: PodTable, row: int, est: _Estimate,
                   current: tuple[float, ...]) -> tuple[float, ...]:

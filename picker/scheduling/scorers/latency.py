@@ -9,6 +9,8 @@ Per candidate pod i, in seconds:
     ttft_i    = (queued_i + own_i) / prefill_tps_i                  prefill work ahead + ours
               + slots_i × mean_output × decode_step_i / batch_capacity   wait for a batch slot
               + decode_step_i                                       the first step itself
+              + max(0, iteration_i − decode_step_i)   a busy engine's longer steps, where
+                                                      its page shows them (TensorRT-LLM)
               + lora_load        when the request's adapter is not resident on i
 
 score_i = min(ttft) / ttft_i, so the best pod gets 1 and a pod twice as slow 0.5.
@@ -108,6 +110,10 @@ def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
         work += own - matched * (own / len(ctx.hashes))
     ttft = work / tps
     ttft += step
+    # Where the page shows its step lengths (TensorRT-LLM: no token counter, so no backlog):
+    # the next step is as long as the recent ones, prefill of what it admitted included;
+    # a plain step is counted above (`iteration_s`, 0 while idle or unknown).
+    ttft += np.maximum(ctx.col("iteration_s") - step, 0.0)
     lora = lora_state(ctx)
     if lora is not None:
         ttft += np.where(lora[0], 0.0, LORA_LOAD_S)
