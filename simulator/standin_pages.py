@@ -58,6 +58,7 @@ class PodState:
     finished_prompt_tokens: float = 0.0
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
+    iterations: float = 0.0  # engine steps run (TensorRT-LLM's iteration counter)
 
     def finish(self, n: int, prompt_tokens: int, prefill_s: float, queue_s: float,
                itl_s: float, output_tokens: int, cached_tokens: int = 0) -> None:
@@ -301,9 +302,9 @@ def render_trtllm(state: PodState) -> str:
     triton-trtllm-2025-04.txt (families, label names and order, value spelling).
 
     Triton exports no latency histograms or token counters for TensorRT-LLM, so
-    only the gauges a router reads come from `state`: waiting, running
-    ("scheduled"), KV use ("fraction"), block size ("tokens_per") and block count
-    ("max"); the other series keep the fixture's values.
+    only the series a router reads come from `state`: waiting, running
+    ("scheduled"), KV use ("fraction"), block size ("tokens_per"), block count
+    ("max") and the iteration counter; the other series keep the fixture's values.
     """
     s, page = state, _Page()
     used = round(s.kv_usage * s.num_gpu_blocks)
@@ -325,7 +326,7 @@ def render_trtllm(state: PodState) -> str:
                    (("micro_batch_id", 0.0), ("generation_requests", 0.0),
                     ("total_context_tokens", 0.0)))
     _triton_family(page, "nv_trt_llm_general_metrics", "gauge", "General TRT LLM metrics",
-                   "general_type", (("iteration_counter", 0.0), ("timestamp", CREATED)))
+                   "general_type", (("iteration_counter", s.iterations), ("timestamp", CREATED)))
     _triton_family(page, "nv_trt_llm_disaggregated_serving_metrics", "counter",
                    "TRT LLM disaggregated serving metrics", "disaggregated_serving_type",
                    (("kv_cache_transfer_ms", 0.0), ("request_count", 0.0)))

@@ -252,3 +252,70 @@ def test_no_derived_prefill_when_ttft_and_queue_time_count_other_requests() -> N
                                    Signal.PROMPT_TOKENS: 5000.0})
     learner.update(table, 0, snap)
     assert table.prefill_tps[0] == 0.0
+
+
+# -- the step length from TensorRT-LLM's iteration counter -------------------------------
+
+def _trtllm(table: PodTable, learner: SpeedLearner, state: PodState, at: float) -> None:
+    learner.update(table, 1, parse_metrics(render("trtllm", state), TRTLLM), at)
+
+
+def test_step_length_is_time_between_counter_moves_over_the_steps_run() -> None:
+    """TensorRT-LLM admits what it has room for into the next step, so its load shows as
+    longer steps: 40 ms steps, then 200 ms ones (a burst's prefill in every step)."""
+    table, learner, state = PodTable(2), SpeedLearner(), PodState(running=3.0)
+    for i in range(10):
+        state.iterations = 1000 + 5 * i
+        _trtllm(table, learner, state, 100.0 + 0.2 * i)
+    assert table.iteration_s[1] == pytest.approx(0.04)
+    for i in range(10, 20):
+        state.iterations = 1045 + (i - 9)
+        _trtllm(table, learner, state, 100.0 + 0.2 * i)
+    assert table.iteration_s[1] == pytest.approx(0.2, rel=0.01)
+    assert table.prefill_tps[1] == PodTable(2).prefill_tps[1]  # no speed learned from it
+
+
+def test_a_counter_refreshed_every_two_seconds_gives_the_step_not_the_refresh() -> None:
+    """Triton refreshes its metrics on its own interval (2 s by default): scraped every
+    50 ms, the counter stands still for 40 scrapes and then jumps. Read between moves,
+    the steps are 50 ms; read between scrapes, 40 of 41 windows showed no step at all."""
+    table, learner, state = PodTable(2), SpeedLearner(), PodState(running=4.0)
+    for k in range(121):  # three refreshes, 40 steps of 50 ms each
+        at = 10.0 + 0.05 * k
+        state.iterations = 40.0 * (k // 40)
+        _trtllm(table, learner, state, at)
+        if k > 40:
+            assert table.iteration_s[1] == pytest.approx(0.05), k
+    # the next refresh is 1 s overdue: a step that long is running, or the engine stalled
+    for k in range(121, 181):
+        _trtllm(table, learner, state, 10.0 + 0.05 * k)
+    assert table.iteration_s[1] == pytest.approx(1.0)
+    state.iterations += 60.0  # the refresh comes: 60 steps in 3 s
+    _trtllm(table, learner, state, 10.0 + 0.05 * 181)
+    assert 0.05 < table.iteration_s[1] < 0.1
+
+
+def test_an_idle_engine_has_no_step_in_progress_and_a_restart_no_negative_one() -> None:
+    table, learner, state = PodTable(2), SpeedLearner(), PodState(running=2.0)
+    for i, at in enumerate((1.0, 1.1, 1.2)):
+        state.iterations = 500 + 2 * i
+        _trtllm(table, learner, state, at)
+    assert table.iteration_s[1] == pytest.approx(0.05)
+    state.running = 0.0
+    _trtllm(table, learner, state, 1.3)
+    assert table.iteration_s[1] == 0.0
+    # busy again after a restart: the counter starts over; two moves give the step again
+    state.running, state.iterations = 1.0, 3.0
+    _trtllm(table, learner, state, 1.4)
+    assert table.iteration_s[1] == 0.0
+    state.iterations = 6.0
+    _trtllm(table, learner, state, 1.7)
+    assert table.iteration_s[1] == pytest.approx(0.1)
+
+
+def test_a_page_without_an_iteration_counter_leaves_the_step_length_unknown() -> None:
+    table, learner, state = PodTable(2), SpeedLearner(), PodState(running=5.0)
+    for i in range(3):
+        state.finish(2, 400, prefill_s=0.05, queue_s=0.0, itl_s=0.02, output_tokens=20)
+        learner.update(table, 1, _snap(state), 1.0 + 0.1 * i)
+    assert table.iteration_s[1] == 0.0 and table.decode_step_s[1] > 0

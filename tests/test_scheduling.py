@@ -398,6 +398,22 @@ def test_identical_pods_with_noisy_learned_speeds_are_balanced_by_work():
     assert ttft.tolist() == pytest.approx([1_100 / 1_350 + 0.02, 1_000 / 1_350 + 0.02])
 
 
+def test_a_busy_engine_s_longer_steps_count_where_its_page_shows_them():
+    """TensorRT-LLM: no token counter, so no prefill backlog, and `waiting` near 0 while it
+    admits a burst into its steps. Its step length (`iteration_s`, from the iteration
+    counter) says the next step will take 0.3 s, not 0.02: an idle twin wins."""
+    pool = make_pool(2, prefill_tps=[2_000] * 2, decode_step_s=[0.02] * 2,
+                     running=[30, 0], iteration_s=[0.3, 0.0])
+    sched = Scheduler(pool)
+    ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(2), NOW)
+    ttft = predicted_ttft(ctx, 256.0)
+    assert ttft.tolist() == pytest.approx([0.1 + 0.3, 0.1 + 0.02])
+    assert sched.pick(req(prompt=200), NOW).rows[0] == 1
+    pool.table.iteration_s[0] = 0.01  # shorter than a plain step: the step stands
+    ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(2), NOW)
+    assert predicted_ttft(ctx, 256.0).tolist() == pytest.approx([0.12, 0.12])
+
+
 def test_a_pod_serving_cached_prefixes_does_not_look_faster_than_its_twins():
     """Three H100s; the engine counted cached prefix tokens as prompt tokens, so the hot
     one read 3x the others (family-0-95). A pod whose share of uncached tokens is under the
