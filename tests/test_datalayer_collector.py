@@ -140,6 +140,33 @@ async def test_other_engines(engine: str, pods, collectors) -> None:
     assert (pool.table.waiting[row], pool.table.running[row]) == (5, 6)
 
 
+async def test_trtllm_step_length_is_learned_from_the_scraped_iteration_counter(
+        pods, collectors) -> None:
+    """A real scrape loop over HTTP against a Triton-shaped page whose iteration counter
+    runs at one step per 25 ms of wall time while requests run: the collector learns the
+    step length, and an idle pod has none."""
+    state = PodState(running=3.0)
+    (address,) = await start_pods(pods, [state], "trtllm")
+    ds = store(scheduler("a", [address], engine="trtllm"))
+    pool = ds.pools["a"]
+    collector_for(collectors, ds)
+    started = time.monotonic()
+
+    async def steps() -> None:
+        while True:  # the counter follows the clock, so timer jitter changes no step length
+            state.iterations = float(int((time.monotonic() - started) / 0.025))
+            await asyncio.sleep(0.005)
+
+    stepping = asyncio.create_task(steps())
+    try:
+        row = row_of(pool, address)
+        await wait_until(lambda: abs(pool.table.iteration_s[row] - 0.025) < 0.008)
+    finally:
+        stepping.cancel()
+    state.running = 0.0
+    await wait_until(lambda: pool.table.iteration_s[row] == 0.0)
+
+
 async def _break(pod: StandInPod, how: str) -> None:
     if how == "refused":
         await pod.stop()
