@@ -112,8 +112,11 @@ def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
     ttft += step
     # Where the page shows its step lengths (TensorRT-LLM: no token counter, so no backlog):
     # the next step is as long as the recent ones, prefill of what it admitted included;
-    # a plain step is counted above (`iteration_s`, 0 while idle or unknown).
-    ttft += np.maximum(ctx.col("iteration_s") - step, 0.0)
+    # a plain step is counted above (`iteration_s`, 0 while idle or unknown: every pod of
+    # a pool whose page has no step counter, so those skip the arithmetic).
+    iteration = ctx.col("iteration_s")
+    if iteration.any():
+        ttft += np.maximum(iteration - step, 0.0)
     lora = lora_state(ctx)
     if lora is not None:
         ttft += np.where(lora[0], 0.0, LORA_LOAD_S)
