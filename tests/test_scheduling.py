@@ -354,13 +354,13 @@ def test_observed_pace_is_per_token_where_the_pods_are_alike():
     pool = make_pool(2, decode_step_s=[0.0] * 2)
     sched = Scheduler(pool)
     sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
-    sched.on_complete(1, req(prompt=300), NOW, 1.5, True)
+    sched.on_complete(1, req(prompt=300), NOW, 1.4, True)
     assert sched.state.observed_pace(pool.table.valid)[:2].tolist() == pytest.approx(
-        [1.0 / 150, 1.5 / 350])
-    # Alike pods can read 2.75x apart end to end, but in small steps: no gap.
+        [1.0 / 150, 1.4 / 350])
+    # Alike pods can read 2.6x apart end to end, but in small steps: no gap.
     alike = make_pool(4, decode_step_s=[0.0] * 4)
     noisy = Scheduler(alike)
-    for row, duration in enumerate((1.0, 1.5, 2.0, 2.75)):
+    for row, duration in enumerate((1.0, 1.4, 1.9, 2.6)):
         noisy.on_complete(row, req(prompt=100), NOW, duration, True)
     assert noisy.state.observed_pace(alike.table.valid) is noisy.state.spt
     embed = SchedulingRequest("m", None, 400, 0, np.empty(0, np.uint64))
@@ -839,3 +839,18 @@ def test_tie_breakers_vote_only_among_pods_near_the_best_predicted_ttft():
     pool.table.decode_step_s[:2] = 0.01
     assert scores(pool, "queue", request, latency_gated=True) == [0.0, 1.0]
     assert scores(pool, "lru", request, latency_gated=True) == [0.0, 1.0]
+
+
+def test_observed_pace_tells_a100_from_h100_by_output_pace():
+    # An A100 decodes ~1.6x slower than an H100 (memory bandwidth), under the 2x an
+    # A10G shows: per output token that gap marks generations; per prompt-plus-output
+    # token the A100 serving longer prompts would read as fast as the H100s.
+    pool = make_pool(3, decode_step_s=[0.0] * 3)
+    sched = Scheduler(pool)
+    for _ in range(5):
+        sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
+        sched.on_complete(1, req(prompt=1_500), NOW, 1.6, True)
+        sched.on_complete(2, req(prompt=100), NOW, 1.0, True)
+    assert sched.state.observed_pace(pool.table.valid) is sched.state.spot
+    tps, step = sched.state.speeds(NOW)
+    assert tps[1] == pytest.approx(tps[0] / 1.6) and step[1] == pytest.approx(step[0] * 1.6)

@@ -41,8 +41,9 @@ SPEED_CLASS_RATIO = 1.5
 RECENT_SENDS = 32
 # A gap this wide between two pods' observed seconds per output token (sorted, next to
 # each other) shows GPU generations (see `observed_pace`): an A10G's decode step is ~2.7x
-# an H100's, ~3x an A100's; alike pods read apart by noise, in small steps.
-GENERATION_GAP = 2.0
+# an H100's, ~3x an A100's, an A100's ~1.6x an H100's (memory bandwidth); alike pods read
+# apart by noise, in small steps. 2x missed A100 + H100 (docs/benchmarks.md, 2026-12-04).
+GENERATION_GAP = 1.5
 # Pods whose KV caches hold this close to the same number of tokens count as the same
 # hardware for an untried pod's first guess (`probe_speeds`).
 TWIN_CAPACITY = 0.01
