@@ -559,7 +559,7 @@ class Twin:
         shares = gateway.link.shares if gateway.link is not None else None
         failures = 0
         if shares is None or shares.should_scrape(pool, pool.pods[pod.replay.spec.name], now):
-            body = metrics_text.render(pod.replay.engine, pod.kind, pod.options)
+            body = metrics_text.render(pod.replay.engine, pod.kind, pod.options, now=t)
             snapshot: MetricsSnapshot | None = None
             error = ""
             try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -21,6 +22,27 @@ from simulator.kv_cache import Allocation, KVCache
 from simulator.lora import LoraSlots
 from simulator.profiles import EngineProfile
 from simulator.stats import EngineStats
+
+# SGLang's scheduler sets its load gauges (num_running_reqs, num_queue_reqs, token_usage)
+# when it schedules a prefill batch, every `decode_log_interval` decode steps (default 40)
+# and, idle, every 30 s; a scrape reads the last values set. The running count is the
+# decode batch: a request in its prefill is in neither gauge. Read in the scheduler and
+# metrics collector of SGLang 0.4.3.post3 to 0.5.5 (log_prefill_stats, log_decode_stats,
+# check_memory).
+SGLANG_DECODE_LOG_INTERVAL = 40
+SGLANG_IDLE_LOG_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedGauges:
+    """The load gauges as SGLang's scheduler last set them, and when (model time)."""
+
+    running: int = 0
+    waiting: int = 0
+    used_tokens: int = 0
+    usage: float = 0.0
+    at: float = 0.0
+
 
 # The loop wakes this much before an iteration's end: the kernel's wake-up latency (about
 # 0.1-0.2 ms here on simulator.clock's precise loop), so tokens leave close to their model time.
@@ -109,6 +131,9 @@ class Engine:
         self.stats = EngineStats()
         self.slowdown = 1.0
         self.iteration = 0
+        self.published = PublishedGauges()
+        self._decode_steps = 0
+        self._prefill_batch = False
         self.gen_throughput = 0.0
         self._window_start = 0.0
         self._window_tokens = 0
@@ -225,7 +250,11 @@ class Engine:
                 i += 1
             else:
                 preempted = True
+        decoding = len(self.running)  # each has its first token from an earlier iteration
         prefill_tokens, loads = (0, 0) if preempted else self._admit()
+        self._prefill_batch = len(self.running) > decoding
+        if self._prefill_batch:  # SGLang logs a prefill batch before running it
+            self._publish(decoding, start)
         profile = self.profile
         duration = (
             profile.step_s(len(self.running))
@@ -321,6 +350,23 @@ class Engine:
         self._track_throughput(start, end, produced)
         for req in finished:
             self._finish(req, end)
+        if not self._prefill_batch:
+            self._decode_steps += 1
+            if self._decode_steps % SGLANG_DECODE_LOG_INTERVAL == 0:
+                self._publish(len(self.running), end)
+
+    def _publish(self, running: int, at: float) -> None:
+        kv = self.kv
+        self.published = PublishedGauges(running, len(self.waiting),
+                                         kv.used_blocks * self.profile.block_size, kv.usage, at)
+
+    def sglang_gauges(self, now: float | None) -> PublishedGauges:
+        """The gauges a scrape at model time `now` reads (`published`, or the idle refresh
+        when the engine has been idle since 30 s after the last setting)."""
+        if (now is not None and not self.running and not self.waiting
+                and now >= self.published.at + SGLANG_IDLE_LOG_S):
+            self._publish(0, self.published.at + SGLANG_IDLE_LOG_S)
+        return self.published
 
     def _first_token(self, req: SimRequest, end: float) -> None:
         req.first_token_at = end
@@ -337,6 +383,8 @@ class Engine:
         req.finished_at = end
         stats = self.stats
         stats.success[finish_reason(req)] += 1
+        stats.finished_prompt_tokens += req.prompt_tokens
+        stats.finished_generation_tokens += req.generated
         stats.e2e.observe(end - req.arrival)
         if req.generated > 1:
             stats.tpot.observe((end - req.first_token_at) / (req.generated - 1))
@@ -408,6 +456,9 @@ class Engine:
             "num_preemptions": stats.preemptions,
             "prompt_tokens": stats.prompt_tokens,
             "generation_tokens": stats.generation_tokens,
+            "finished_prompt_tokens": stats.finished_prompt_tokens,
+            "finished_generation_tokens": stats.finished_generation_tokens,
+            "sglang_gauges": dataclasses.asdict(self.published),
             "request_success": dict(stats.success),
             "requests_aborted": stats.aborted,
             "requests_rejected": stats.rejected,

@@ -209,11 +209,12 @@ class _Text(Page):
 
 
 def render(engine: Engine, kind: str, options: PageOptions = DEFAULT_OPTIONS,
-           created: float = 0.0) -> bytes:
+           created: float = 0.0, now: float | None = None) -> bytes:
     """The /metrics body of a pod running engine ``kind`` ("vllm", "sglang", "trtllm");
-    `created` is the Unix time the pod's engine started (vLLM's `_created` samples)."""
+    `created` is the Unix time the pod's engine started (vLLM's `_created` samples), `now`
+    the model time of the scrape (SGLang's idle refresh of its gauges)."""
     if kind == "sglang":
-        return render_sglang(engine, options)
+        return render_sglang(engine, options, now)
     if kind == "trtllm":
         return render_trtllm(engine, options)
     return render_vllm(engine, options, created)
@@ -363,9 +364,11 @@ def _cache_config(out: _Text, engine: Engine) -> None:
                    'sliding_window="None",swap_space="0.0",swap_space_bytes="0.0"', 1.0)
 
 
-def render_sglang(engine: Engine, options: PageOptions = DEFAULT_OPTIONS) -> bytes:
-    """SGLang 0.5's page (SGLang 0.4's with `version: sglang-0.4`)."""
-    stats, kv = engine.stats, engine.kv
+def render_sglang(engine: Engine, options: PageOptions = DEFAULT_OPTIONS,
+                  now: float | None = None) -> bytes:
+    """SGLang 0.5's page (SGLang 0.4's with `version: sglang-0.4`), its load gauges as the
+    scheduler last set them (`Engine.sglang_gauges`)."""
+    stats, gauges = engine.stats, engine.sglang_gauges(now)
     model = escape(engine.config.model)
     if options.old_labels:
         labels, split = f'model_name="{model}"', ("", f'model_name="{model}"')
@@ -373,22 +376,20 @@ def render_sglang(engine: Engine, options: PageOptions = DEFAULT_OPTIONS) -> byt
         labels = f'engine_type="unified",model_name="{model}",pp_rank="0",tp_rank="0"'
         split = ('engine_type="unified"', f'model_name="{model}",pp_rank="0",tp_rank="0"')
     out = _Text((labels,), (split,), options)
-    out.gauge("sglang:num_running_reqs", "The number of running requests.",
-              [len(engine.running)])
-    out.gauge("sglang:num_used_tokens", "The number of used tokens.",
-              [kv.used_blocks * engine.profile.block_size])
-    out.gauge("sglang:token_usage", "The token usage.", [kv.usage])
+    out.gauge("sglang:num_running_reqs", "The number of running requests.", [gauges.running])
+    out.gauge("sglang:num_used_tokens", "The number of used tokens.", [gauges.used_tokens])
+    out.gauge("sglang:token_usage", "The token usage.", [gauges.usage])
     out.gauge("sglang:gen_throughput", "The generation throughput (token/s).",
               [engine.current_gen_throughput()])
     out.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
-              [len(engine.waiting)])
+              [gauges.waiting])
     hit_rate = stats.prefix_hits / stats.prefix_queries if stats.prefix_queries else 0.0
     out.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", [hit_rate])
     for name, help_text, value in (
         ("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
-         stats.prompt_tokens),
+         stats.finished_prompt_tokens),
         ("sglang:generation_tokens_total", "Number of generation tokens processed.",
-         stats.generation_tokens),
+         stats.finished_generation_tokens),
     ):
         if name not in out.omit:  # SGLang's exporter writes no _created families
             out.metric(name, "counter", help_text, labels, value)

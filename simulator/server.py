@@ -263,7 +263,8 @@ class PodServer:
                 request.transport.abort()
             raise asyncio.CancelledError
         body = metrics_text.GARBLED if mode == "garbled" else metrics_text.render(
-            self.engine, self.spec.engine, self._page_options, self._started_at)
+            self.engine, self.spec.engine, self._page_options, self._started_at,
+            self.engine.now())
         return web.Response(body=body, headers={"Content-Type": metrics_text.CONTENT_TYPE})
 
     async def _get_load(self, _request: web.Request) -> web.Response:

@@ -61,6 +61,11 @@ class EngineStats:
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    # SGLang adds a request's prompt and output tokens to its counters when the request
+    # finishes (python/sglang/srt/metrics/collector.py, observe_one_finished_request, 0.4
+    # to today); vLLM counts prompt tokens at the end of the prefill, output tokens per step
+    finished_prompt_tokens: int = 0
+    finished_generation_tokens: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
     preemptions: int = 0

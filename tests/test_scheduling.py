@@ -817,6 +817,30 @@ def test_prefill_backlog_clamped_by_unfinished_work_restart_and_missing_counter(
 
 
 
+def test_requests_a_page_without_prefill_clock_does_not_show_running_count_as_work_ahead():
+    """SGLang counts prompt tokens when a request finishes, and a request in its prefill
+    is in neither of its gauges: the gateway's own requests the scrape did not show
+    running are work ahead. A page with a prompt counter keeps its backlog."""
+    pool = make_pool(3, prefill_tps=[1_000] * 3, decode_step_s=[0.01] * 3)
+    sched = Scheduler(pool)
+    for row in range(3):
+        _scrape(pool, row, NOW, math.nan if row < 2 else 0.0)
+    for row in (0, 2):
+        for _ in range(3):
+            sched.on_dispatch(row, req(prompt=400), NOW)
+    pool.table.running[[0, 2]] = 1.0  # one of the three decoding, two in their prefill
+    _scrape(pool, 0, NOW + 0.05, math.nan)
+    _scrape(pool, 1, NOW + 0.05, math.nan)
+    _scrape(pool, 2, NOW + 0.05, 400.0)
+    ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(3), NOW + 0.05)
+    # pods 0 and 2: (2 x 400 + 200) / 1000 + 0.01, from the unseen two and the counter
+    assert predicted_ttft(ctx, 256.0).tolist() == pytest.approx([1.01, 0.21, 1.01])
+    assert sched.state.unseen_work(slice(2, 3)) is None
+    sched.on_dispatch(1, req(prompt=400), NOW + 0.06)  # sent since the scrape: counted once
+    ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(3), NOW + 0.06)
+    assert predicted_ttft(ctx, 256.0)[1] == pytest.approx(0.61)
+
+
 def test_prefill_backlog_work_leaves_out_the_expected_cache_hits():
     pool = make_pool(1)
     sched = Scheduler(pool)

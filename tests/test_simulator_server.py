@@ -261,10 +261,12 @@ async def _compare_once(session: aiohttp.ClientSession, pod: PodServer) -> int:
         return 0
     s = _samples(text)
     if pod.spec.engine == "sglang":
-        assert s["sglang:num_running_reqs"].value == after["num_requests_running"]
-        assert s["sglang:num_queue_reqs"].value == after["num_requests_waiting"]
-        assert s["sglang:token_usage"].value == pytest.approx(after["kv_cache_usage"])
-        assert s["sglang:generation_tokens_total"].value == after["generation_tokens"]
+        gauges = after["sglang_gauges"]  # as SGLang's scheduler last set them
+        assert s["sglang:num_running_reqs"].value == gauges["running"]
+        assert s["sglang:num_queue_reqs"].value == gauges["waiting"]
+        assert s["sglang:token_usage"].value == pytest.approx(gauges["usage"])
+        assert s["sglang:generation_tokens_total"].value == after["finished_generation_tokens"]
+        assert s["sglang:prompt_tokens_total"].value == after["finished_prompt_tokens"]
         return 1
     assert s["vllm:num_requests_running"].value == after["num_requests_running"]
     assert s["vllm:num_requests_waiting"].value == after["num_requests_waiting"]

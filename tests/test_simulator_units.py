@@ -290,6 +290,39 @@ async def test_prefill_budget_spreads_admissions() -> None:
     assert engine.running == reqs
 
 
+def _sglang_load(engine: Engine, now: float | None = None) -> tuple[float, float]:
+    samples = {s.name: s.value for f in text_string_to_metric_families(
+        metrics_text.render(engine, "sglang", now=now).decode()) for s in f.samples}
+    return samples["sglang:num_running_reqs"], samples["sglang:num_queue_reqs"]
+
+
+async def test_sglang_gauges_are_set_at_prefill_batches_every_40_decode_steps_and_idle() -> None:
+    """As SGLang's scheduler sets them (simulator/engine.py, SGLANG_DECODE_LOG_INTERVAL): a
+    request in its prefill is in neither gauge, and between settings a scrape reads old
+    values, unlike vLLM's page, which counts it as running at once."""
+    profile = build_profile("h100", "m", overrides={"num_gpu_blocks": 1000})
+    engine = Engine(EngineConfig(model="m", profile=profile, max_num_seqs=2))
+    reqs = [_req(20, 100) for _ in range(3)]
+    for r in reqs:
+        engine.submit(r)
+    _step(engine)  # a prefill batch of two: set before it ran, with none yet decoding
+    assert _sglang_load(engine) == (0, 1)
+    vllm = {s.name: s.value for f in text_string_to_metric_families(
+        metrics_text.render(engine, "vllm").decode()) for s in f.samples}
+    assert vllm["vllm:num_requests_running"] == 2
+    for _ in range(39):
+        _step(engine)
+    assert _sglang_load(engine) == (0, 1)  # 39 decode steps: not set again
+    _step(engine)
+    assert _sglang_load(engine) == (2, 1)
+    while not reqs[2].finished:
+        _step(engine)
+    idle_at = engine._last_end
+    stale = _sglang_load(engine, now=idle_at + 29.0)
+    assert stale != (0, 0)  # idle, but the last setting is younger than 30 s
+    assert _sglang_load(engine, now=idle_at + 31.0) == (0, 0)
+
+
 async def test_fleet_from_file_binds_free_ports(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text("pods:\n  - {gpu: l4, model: qwen2.5-3b}\n  - {gpu: h200, model: m}\n")

@@ -198,7 +198,9 @@ SGLANG = EngineProfile(
         *_histogram("sglang:inter_token_latency_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
         # the only TPOT histogram of SGLang 0.4 (tests/fixtures/metrics/sglang-0.4-docs.txt)
         *_histogram("sglang:time_per_output_token_seconds", Signal.TPOT_SUM, Signal.TPOT_COUNT),
-        ("sglang:prompt_tokens_total", Signal.PROMPT_TOKENS),
+        # both counted when a request finishes (python/sglang/srt/metrics/collector.py,
+        # observe_one_finished_request): no prefill clock, unlike vLLM's prompt counter
+        ("sglang:prompt_tokens_total", Signal.FINISHED_PROMPT_TOKENS),
         ("sglang:generation_tokens_total", Signal.GENERATION_TOKENS),
     ),
     cache_labels=("page_size", "num_pages"),

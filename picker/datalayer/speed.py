@@ -273,8 +273,11 @@ def _derived_prefill(snapshot: MetricsSnapshot) -> tuple[float, float, float] | 
     TTFT less its time in the queue is its prefill and first step, as vLLM's
     prefill-time histogram measures it. Each request adds TTFT >= queue time, so the
     difference of the two sums only grows, as a counter does."""
+    tokens = Signal.PROMPT_TOKENS
+    if tokens not in snapshot.values:
+        tokens = Signal.FINISHED_PROMPT_TOKENS
     present = _present(snapshot, Signal.TTFT_SUM, Signal.TTFT_COUNT, Signal.QUEUE_TIME_SUM,
-                       Signal.QUEUE_TIME_COUNT, Signal.PROMPT_TOKENS)
+                       Signal.QUEUE_TIME_COUNT, tokens)
     if present is None:
         return None
     ttft_sum, ttft_count, queue_sum, queue_count, tokens = present

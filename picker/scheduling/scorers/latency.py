@@ -99,6 +99,9 @@ def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
     # more; then what was sent since.
     queued = ctx.col("waiting") * state.prompt_estimate(req)
     work = np.maximum(queued, state.backlog_work(ctx.index))
+    unseen = state.unseen_work(ctx.index)
+    if unseen is not None:
+        work = np.maximum(work, unseen)
     since = ctx.since_scrape_tokens()
     if since is not None:
         work += since
