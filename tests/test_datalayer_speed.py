@@ -245,6 +245,22 @@ def test_sglang_prefill_speed_is_ttft_less_queue_time() -> None:
     assert table.prefill_tps[0] == pytest.approx(10000 + (1 - 0.5**4) * (5000 - 10000))
 
 
+def test_sglang_first_tokens_count_at_the_mean_prompt_of_finished_requests() -> None:
+    """SGLang's prompt counter grows when a request finishes: a window of first tokens and
+    no finishes still says how fast the pod prefilled, at the finished requests' mean
+    prompt (prompt counter over the end-to-end histogram's count)."""
+    table, learner = PodTable(1), SpeedLearner(alpha=0.5)
+    page = {Signal.TTFT_SUM: 1.0, Signal.TTFT_COUNT: 4.0, Signal.QUEUE_TIME_SUM: 0.6,
+            Signal.QUEUE_TIME_COUNT: 4.0, Signal.FINISHED_PROMPT_TOKENS: 4000.0,
+            Signal.FINISHED_REQUESTS: 4.0}
+    learner.update(table, 0, MetricsSnapshot(values=dict(page)))
+    assert table.prefill_tps[0] == pytest.approx(10000.0)  # 4 x 1,000 tokens in 0.4 s
+    page.update({Signal.TTFT_SUM: 1.5, Signal.TTFT_COUNT: 6.0, Signal.QUEUE_TIME_SUM: 0.7,
+                 Signal.QUEUE_TIME_COUNT: 6.0})  # two first tokens, 0.4 s of prefill
+    learner.update(table, 0, MetricsSnapshot(values=dict(page)))
+    assert table.prefill_tps[0] == pytest.approx(10000 + (1 - 0.5**2) * (5000 - 10000))
+
+
 def test_no_derived_prefill_when_ttft_and_queue_time_count_other_requests() -> None:
     table, learner = PodTable(1), SpeedLearner()
     snap = MetricsSnapshot(values={Signal.TTFT_SUM: 1.0, Signal.TTFT_COUNT: 5.0,

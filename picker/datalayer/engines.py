@@ -44,6 +44,9 @@ class Signal(StrEnum):
     # prompt tokens of *finished* requests (histogram sum): observed at the same
     # moment as the prefill-time histogram, so the two deltas cover the same requests
     FINISHED_PROMPT_TOKENS = "finished_prompt_tokens"
+    # requests finished (an end-to-end latency histogram's count): with the finished-prompt
+    # tokens counted at the same moment, the mean prompt of finished requests
+    FINISHED_REQUESTS = "finished_requests"
     # prompt tokens the engine looked up in its prefix cache, and those it found there:
     # the share of a pod's prompt tokens that cost no prefill (picker.datalayer.speed)
     PREFIX_QUERIES = "prefix_queries"
@@ -202,6 +205,8 @@ SGLANG = EngineProfile(
         # observe_one_finished_request): no prefill clock, unlike vLLM's prompt counter
         ("sglang:prompt_tokens_total", Signal.FINISHED_PROMPT_TOKENS),
         ("sglang:generation_tokens_total", Signal.GENERATION_TOKENS),
+        # observed in the same call as the counters (tests/fixtures/metrics/sglang-0.4-docs.txt)
+        ("sglang:e2e_request_latency_seconds_count", Signal.FINISHED_REQUESTS),
     ),
     cache_labels=("page_size", "num_pages"),
 )

@@ -217,11 +217,13 @@ class SpeedLearner:
         if tokens not in snapshot.values:
             tokens = Signal.PROMPT_TOKENS
         current = _present(snapshot, Signal.PREFILL_TIME_SUM, Signal.PREFILL_TIME_COUNT, tokens)
+        per_request = 1.0
         if current is None:
-            current = _derived_prefill(snapshot)
+            current, per_request = _derived_prefill(snapshot)
         if current is None:
             return False
         d_seconds, d_count, d_tokens = self._remember(table, row, PREFILL, current)
+        d_tokens *= per_request
         uncached = self._uncached(table, row, snapshot, d_tokens)
         sample = prefill_rate(d_tokens, d_seconds)
         if sample is None:
@@ -267,20 +269,31 @@ class SpeedLearner:
         return d_tokens * (1.0 - min(hits / queries, 1.0))
 
 
-def _derived_prefill(snapshot: MetricsSnapshot) -> tuple[float, float, float] | None:
-    """(prefill seconds, requests, prompt tokens) as counters, for a page with no
-    prefill-time histogram but TTFT and queue-time histograms (SGLang 0.5): a request's
-    TTFT less its time in the queue is its prefill and first step, as vLLM's
-    prefill-time histogram measures it. Each request adds TTFT >= queue time, so the
-    difference of the two sums only grows, as a counter does."""
-    tokens = Signal.PROMPT_TOKENS
-    if tokens not in snapshot.values:
-        tokens = Signal.FINISHED_PROMPT_TOKENS
+def _derived_prefill(snapshot: MetricsSnapshot) -> tuple[tuple[float, float, float] | None, float]:
+    """(prefill seconds, requests, prompt tokens) as counters, and what each unit of the
+    third counts, for a page with no prefill-time histogram but TTFT and queue-time
+    histograms (SGLang 0.5): a request's TTFT less its time in the queue is its prefill
+    and first step, as vLLM's prefill-time histogram measures it. Each request adds TTFT
+    >= queue time, so the difference of the two sums only grows, as a counter does.
+
+    A prompt counter that grows at the first token pairs with those sums as it is. SGLang's
+    grows when a request finishes, so a window's prompt tokens were other requests' than
+    its first tokens (read so, alike L4s learned 0 to 4,089 tokens/s and the two fastest
+    took half the traffic: family-0-9). There the window's first tokens count as that many
+    requests (the third counter is TTFT's count) of the mean prompt of finished requests,
+    the prompt counter over the end-to-end histogram's count: both are observed together."""
+    if Signal.PROMPT_TOKENS in snapshot.values:
+        tokens, per_request = Signal.PROMPT_TOKENS, 1.0
+    else:
+        finished = _present(snapshot, Signal.FINISHED_PROMPT_TOKENS, Signal.FINISHED_REQUESTS)
+        if finished is None or finished[1] <= 0:
+            return None, 1.0
+        tokens, per_request = Signal.TTFT_COUNT, finished[0] / finished[1]
     present = _present(snapshot, Signal.TTFT_SUM, Signal.TTFT_COUNT, Signal.QUEUE_TIME_SUM,
                        Signal.QUEUE_TIME_COUNT, tokens)
     if present is None:
-        return None
-    ttft_sum, ttft_count, queue_sum, queue_count, tokens = present
+        return None, 1.0
+    ttft_sum, ttft_count, queue_sum, queue_count, counted = present
     if queue_count != ttft_count:  # not the same requests: no window to read
-        return None
-    return max(ttft_sum - queue_sum, 0.0), ttft_count, tokens
+        return None, 1.0
+    return (max(ttft_sum - queue_sum, 0.0), ttft_count, counted), per_request
