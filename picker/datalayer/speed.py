@@ -279,7 +279,7 @@ def _derived_prefill(snapshot: MetricsSnapshot) -> tuple[tuple[float, float, flo
     A prompt counter that grows at the first token pairs with those sums as it is. SGLang's
     grows when a request finishes, so a window's prompt tokens were other requests' than
     its first tokens (read so, alike L4s learned 0 to 4,089 tokens/s and the two fastest
-    took half the traffic: family-0-9). There the window's first tokens count as that many
+    took two fifths of the traffic: family-0-9). There the window's first tokens count as that many
     requests (the third counter is TTFT's count) of the mean prompt of finished requests,
     the prompt counter over the end-to-end histogram's count: both are observed together."""
     if Signal.PROMPT_TOKENS in snapshot.values:
