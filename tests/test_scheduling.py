@@ -835,7 +835,7 @@ def test_requests_a_page_without_prefill_clock_does_not_show_running_count_as_wo
     ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(3), NOW + 0.05)
     # pods 0 and 2: (2 x 400 + 200) / 1000 + 0.01, from the unseen two and the counter
     assert predicted_ttft(ctx, 256.0).tolist() == pytest.approx([1.01, 0.21, 1.01])
-    assert sched.state.unseen_work(slice(2, 3)) is None
+    assert sched.state.unseen_work(slice(2, 3), 400.0) is None
     sched.on_dispatch(1, req(prompt=400), NOW + 0.06)  # sent since the scrape: counted once
     ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(3), NOW + 0.06)
     assert predicted_ttft(ctx, 256.0)[1] == pytest.approx(0.61)

@@ -290,9 +290,13 @@ async def test_prefill_budget_spreads_admissions() -> None:
     assert engine.running == reqs
 
 
+def _page(engine: Engine, kind: str, now: float | None = None) -> dict[str, float]:
+    return {s.name: s.value for f in text_string_to_metric_families(
+        metrics_text.render(engine, kind, now=now).decode()) for s in f.samples}
+
+
 def _sglang_load(engine: Engine, now: float | None = None) -> tuple[float, float]:
-    samples = {s.name: s.value for f in text_string_to_metric_families(
-        metrics_text.render(engine, "sglang", now=now).decode()) for s in f.samples}
+    samples = _page(engine, "sglang", now)
     return samples["sglang:num_running_reqs"], samples["sglang:num_queue_reqs"]
 
 
@@ -307,9 +311,7 @@ async def test_sglang_gauges_are_set_at_prefill_batches_every_40_decode_steps_an
         engine.submit(r)
     _step(engine)  # a prefill batch of two: set before it ran, with none yet decoding
     assert _sglang_load(engine) == (0, 1)
-    vllm = {s.name: s.value for f in text_string_to_metric_families(
-        metrics_text.render(engine, "vllm").decode()) for s in f.samples}
-    assert vllm["vllm:num_requests_running"] == 2
+    assert _page(engine, "vllm")["vllm:num_requests_running"] == 2
     for _ in range(39):
         _step(engine)
     assert _sglang_load(engine) == (0, 1)  # 39 decode steps: not set again

@@ -453,11 +453,12 @@ class PoolState:
         count in the engine's counter but cost (almost) no prefill time."""
         return self.prefill_backlog()[index] * (1.0 - self.cached_share[index])
 
-    def unseen_work(self, index: slice | np.ndarray) -> np.ndarray | None:
+    def unseen_work(self, index: slice | np.ndarray, prompt: float) -> np.ndarray | None:
         """Where the page has no prefill clock (no prompt counter that grows as prefills
         end: SGLang counts prompts as requests finish, TensorRT-LLM not at all), the
-        prompts of the gateway's requests its last scrape did not show running, in tokens
-        to compute; None where every row has a clock. A request in its prefill is in
+        prompts (`prompt` tokens each, as the waiting ones are counted) of the gateway's
+        requests its last scrape did not show running, in tokens to compute; None where
+        every row has a clock. A request in its prefill is in
         neither of SGLang's gauges, and those are as the scheduler last set them (at a
         prefill batch, every 40 decode steps), so `waiting` misses it."""
         t = self.pool.table
@@ -465,8 +466,7 @@ class PoolState:
         if not blind.any():
             return None
         unseen = np.maximum(t.inflight[index] - t.dispatched[index] - t.running[index], 0.0)
-        mean = self.mean_prompt if self.mean_prompt > 0 else DEFAULT_PROMPT_TOKENS
-        return np.where(blind, unseen * mean, 0.0) * (1.0 - self.cached_share[index])
+        return np.where(blind, unseen * prompt, 0.0) * (1.0 - self.cached_share[index])
 
     def prompt_estimate(self, req: SchedulingRequest) -> float:
         """Mean prompt size of recent requests (this one's until any was seen)."""

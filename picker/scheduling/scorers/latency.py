@@ -94,12 +94,13 @@ def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
     state = ctx.state
     req = ctx.req
     tps, step = ctx.speeds()
-    # Work ahead as of the scrape: the waiting queue, or what the gateway sent that the
-    # pod had not prefilled yet (vLLM counts admitted requests as running), whichever is
-    # more; then what was sent since.
-    queued = ctx.col("waiting") * state.prompt_estimate(req)
-    work = np.maximum(queued, state.backlog_work(ctx.index))
-    unseen = state.unseen_work(ctx.index)
+    # Work ahead as of the scrape: the waiting queue, what the gateway sent that the pod
+    # had not prefilled yet (vLLM counts admitted requests as running), or, on a page
+    # without a prefill clock, its requests the scrape did not show running, whichever is
+    # most; then what was sent since.
+    prompt = state.prompt_estimate(req)
+    work = np.maximum(ctx.col("waiting") * prompt, state.backlog_work(ctx.index))
+    unseen = state.unseen_work(ctx.index, prompt)
     if unseen is not None:
         work = np.maximum(work, unseen)
     since = ctx.since_scrape_tokens()
