@@ -82,6 +82,10 @@ FLOAT_COLUMNS = (
     "engine_steps",
     # when a scrape last brought speed observations (picker.datalayer.speed forgets by it)
     "speed_seen_at",
+    # how old the load gauges as last scraped may have been at that scrape (seconds): 0
+    # where they are live; more where the engine sets them now and then (SGLang: at a
+    # prefill batch and every 40th decode step; picker.datalayer.columns)
+    "gauge_age_s",
 )
 BOOL_COLUMNS = ("valid", "ready", "draining", "metrics_ok")
 

@@ -12,7 +12,10 @@ import pytest
 
 from contract.config import BbrConfig, GatewayConfig, MetricsConfig, SchedulerConfig
 from picker.datalayer.collector import CollectorOptions, MetricsCollector, next_delay
-from picker.datalayer.columns import fresh_mask
+from picker.datalayer.columns import GAUGE_STEP_S, fresh_mask, write_snapshot
+from picker.datalayer.engines import Signal
+from picker.datalayer.parser import MetricsSnapshot
+from picker.datalayer.speed import SpeedLearner
 from picker.datastore import Datastore, Pool
 from simulator.standin import StandInPod
 from simulator.standin_pages import LoraSeries, PodState
@@ -138,6 +141,10 @@ async def test_other_engines(engine: str, pods, collectors) -> None:
     await wait_until(lambda: ok(pool, address))
     row = row_of(pool, address)
     assert (pool.table.waiting[row], pool.table.running[row]) == (5, 6)
+    # SGLang's gauges are as its scheduler last set them: 40 decode steps at the most (no
+    # step learned from this page, so the fallback's); Triton's page says nothing of a lag
+    age = 40 * GAUGE_STEP_S if engine == "sglang" else 0.0
+    assert pool.table.gauge_age_s[row] == pytest.approx(age)
 
 
 async def test_trtllm_step_length_is_learned_from_the_scraped_iteration_counter(
@@ -224,6 +231,28 @@ async def test_stale_after_scrapes_stop(pods, collectors) -> None:
     now = time.monotonic()
     assert fresh_mask(pool, now)[row]
     assert not fresh_mask(pool, now + FAST.stale_after_s + 0.5)[row]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_gauge_age_bounds_when_the_engine_set_its_gauges(engine: str) -> None:
+    """SGLang sets its gauges every 40 decode steps at the most: a first scrape's may be
+    that old; values that changed since the last scrape were set after it; unchanged
+    ones keep the last bound. vLLM's are live: age 0."""
+    pool = Pool(scheduler("a", [], engine=engine))
+    row = pool.add_pod("10.0.0.1:8000").row
+    learner = SpeedLearner()
+
+    def scrape(now: float, waiting: float, kv: float) -> float:
+        page = MetricsSnapshot({Signal.WAITING: waiting, Signal.RUNNING: 3.0,
+                                Signal.KV_USAGE: kv})
+        write_snapshot(pool, row, page, learner, now)
+        return float(pool.table.gauge_age_s[row])
+
+    full = 40 * GAUGE_STEP_S if engine == "sglang" else 0.0
+    assert scrape(10.0, 1.0, 0.2) == pytest.approx(full)
+    assert scrape(10.3, 1.0, 0.2) == pytest.approx(full)  # unchanged: still that old
+    assert scrape(10.6, 0.0, 0.25) == pytest.approx(min(full, 0.3))  # set since 10.3
+    assert scrape(10.7, 0.0, 0.25) == pytest.approx(min(full, 0.4))
 
 
 def test_fresh_mask_combines_every_condition() -> None:

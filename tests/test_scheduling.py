@@ -186,6 +186,29 @@ def test_with_replicas_only_this_replicas_requests_before_the_scrape_prove_adapt
     assert sched.state.adapter_slots[0] == 2
 
 
+def test_gauges_as_last_set_prove_adapter_slots_only_well_after_the_last_send():
+    """SGLang's page shows its gauges as last set (`gauge_age_s`, from the data layer): a
+    scrape just after a third adapter was sent may still show the batch before it, with
+    nothing waiting, while that adapter waits for a slot (family-0-97: 3 slots learned on
+    pods of 2, TTFT p95 3.8 s against best-ttft's 0.1 s). Only a scrape that long after
+    the row's last send proves anything there."""
+    age = 2.0
+    pool = make_pool(1, max_lora=[0], gauge_age_s=[age])
+    sched = Scheduler(pool, max_fallbacks=0)
+    t = pool.table
+    sent = [req(adapter=a) for a in ("ad-a", "ad-b", "ad-c")]
+    for one in sent:
+        sched.on_dispatch(0, one, NOW)
+    t.running[0], t.waiting[0] = 3, 0
+    pool.mark_scrape(0, True, NOW + 0.5)
+    sched.on_complete(0, sent[0], NOW + 1.0, 1.0, ok=True)
+    assert sched.state.adapter_slots[0] == 0
+    t.running[0] = 2
+    pool.mark_scrape(0, True, NOW + age + 0.1)
+    sched.on_complete(0, sent[1], NOW + age + 0.2, 1.0, ok=True)
+    assert sched.state.adapter_slots[0] == 2
+
+
 def _prove_two_adapter_slots(sched: Scheduler, pool: Pool) -> None:
     """Pod 0 runs ad-a and ad-b at once under a scrape with nothing waiting."""
     first, second = req(adapter="ad-a"), req(adapter="ad-b")

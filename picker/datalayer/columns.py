@@ -12,10 +12,13 @@ import math
 
 import numpy as np
 
-from picker.datalayer.engines import Signal
+from picker.datalayer.engines import Signal, profile_for
 from picker.datalayer.parser import MetricsSnapshot
 from picker.datalayer.speed import RAW_COLUMNS, SpeedLearner
 from picker.datastore import Pool
+
+# A decode step for the gauges' lag where none is learned yet: a large model's, under load.
+GAUGE_STEP_S = 0.05
 
 # snapshot signal → column; an absent optional gauge is written as 0 (unknown)
 GAUGE_COLUMNS: tuple[tuple[Signal, str], ...] = (
@@ -25,13 +28,15 @@ GAUGE_COLUMNS: tuple[tuple[Signal, str], ...] = (
     (Signal.KV_BLOCK_SIZE, "kv_block_size"),
     (Signal.KV_NUM_BLOCKS, "kv_num_blocks"),
 )
+# The load gauges `_date_gauges` watches: a setting of them nearly always moves the KV share.
+LOAD_GAUGES = GAUGE_COLUMNS[:3]
 WRITTEN_COLUMNS = (
     "waiting", "running", "kv_usage", "max_lora", "kv_block_size", "kv_num_blocks",
     "lora_running", "lora_waiting",  # (rows, MAX_ADAPTERS) bool matrices
     "prefill_tps", "prefill_tps_uncached", "decode_step_s", "ttft_s", "queue_s", "iteration_s",
     *RAW_COLUMNS,
     "pending_cache_queries", "pending_cache_hits", "prompt_tokens_total",
-    "engine_steps",
+    "engine_steps", "gauge_age_s",
     # through Pool.mark_scrape (which also zeroes `dispatched` on a good scrape)
     "scraped_at", "scrape_failures", "metrics_ok",
 )
@@ -42,6 +47,7 @@ def write_snapshot(pool: Pool, row: int, snapshot: MetricsSnapshot, learner: Spe
     """Fill `row` from a good scrape taken at monotonic time `now`, then mark it ok."""
     table = pool.table
     values = snapshot.values
+    _date_gauges(pool, row, snapshot, now)
     for signal, column in GAUGE_COLUMNS:
         getattr(table, column)[row] = values.get(signal, 0.0)
     # NaN, not 0, when absent: the scheduler's prefill backlog must tell "no counter"
@@ -52,6 +58,33 @@ def write_snapshot(pool: Pool, row: int, snapshot: MetricsSnapshot, learner: Spe
     _write_lora(pool, row, snapshot)
     learner.update(table, row, snapshot, now)
     pool.mark_scrape(row, True, now=now)
+
+
+def _date_gauges(pool: Pool, row: int, snapshot: MetricsSnapshot, now: float) -> None:
+    """`gauge_age_s`: how long before this scrape, at the most, the engine set the gauges
+    it reads.
+
+    Live gauges (vLLM, Triton as simulated): 0. SGLang's scheduler sets them at a prefill
+    batch and every `gauge_steps` decode steps, so a scrape may show the batch before the
+    gateway's last sends, with nothing waiting while a request waits for an adapter slot
+    (family-0-97: 3 adapter slots learned on pods of 2). While the engine decodes they are
+    at most `gauge_steps` steps old; values that differ from the last scrape's were set
+    after it. Read before the row is overwritten."""
+    table = pool.table
+    steps = profile_for(pool.config.engine_type).gauge_steps
+    if not steps:
+        table.gauge_age_s[row] = 0.0
+        return
+    step = table.decode_step_s[row]
+    age = steps * (step if step > 0 else GAUGE_STEP_S)
+    last = float(table.scraped_at[row])
+    if table.metrics_ok[row] and now > last:
+        values = snapshot.values
+        changed = any(getattr(table, column)[row] != values.get(signal, 0.0)
+                      for signal, column in LOAD_GAUGES)
+        # unchanged values were set no earlier than the last scrape's bound
+        age = min(age, now - (last if changed else last - table.gauge_age_s[row]))
+    table.gauge_age_s[row] = max(age, 0.0)
 
 
 def write_outcome(pool: Pool, row: int, snapshot: MetricsSnapshot | None, learner: SpeedLearner,

@@ -93,6 +93,9 @@ class EngineProfile:
     series: tuple[tuple[str, Signal], ...]
     cache_labels: tuple[str, str] = ("block_size", "num_gpu_blocks")
     required: frozenset[Signal] = REQUIRED_SIGNALS
+    # Decode steps between two settings of the load gauges while the engine decodes (0:
+    # live, read at scrape time): how stale a page's queue and running may be.
+    gauge_steps: int = 0
     names: dict[str, Signal] = field(init=False, repr=False, compare=False)
     rank: dict[str, int] = field(init=False, repr=False, compare=False)
     selected: dict[str, tuple[str, dict[str, str]]] = field(init=False, repr=False,
@@ -209,6 +212,10 @@ SGLANG = EngineProfile(
         ("sglang:e2e_request_latency_seconds_count", Signal.FINISHED_REQUESTS),
     ),
     cache_labels=("page_size", "num_pages"),
+    # the scheduler sets num_running_reqs / num_queue_reqs / token_usage at each prefill
+    # batch and every `--decode-log-interval` decode steps (ServerArgs default 40), not at
+    # scrape time (python/sglang/srt/managers/scheduler.py, wheels 0.4.3-0.5.23)
+    gauge_steps=40,
 )
 
 # Triton Inference Server with the TensorRT-LLM backend (tests/fixtures/metrics/

@@ -363,10 +363,17 @@ class PoolState:
         sent meanwhile may bring adapters it never saw running: on a 1-slot SGLang pool
         two replicas learned 2 and sent a second adapter beside running ones (twin,
         family-0-19, TTFT p50 1.26 -> 2.06 s). One replica learns as before: all its
-        requests are its own, and a local scrape is looked at before any send after it."""
+        requests are its own, and a local scrape is looked at before any send after it.
+
+        Only gauges set after the row's last send prove anything (`gauge_age_s`): SGLang's
+        are as its scheduler last set them, and a scrape just after a send may show the
+        batch before it, nothing waiting, while the new adapter waits for a slot; learned
+        from those, family-0-97's pods of 2 slots got 3 (TTFT p95 3.8 s against
+        best-ttft's 0.1 s; 0.09 s with the gauges dated)."""
         t = self.pool.table
         distinct = np.count_nonzero(self.adapter_local[index], axis=1)
-        proof = fresh & (t.waiting[index] < 1.0) & (t.last_picked_at[index] <= t.scraped_at[index])
+        proof = fresh & (t.waiting[index] < 1.0) & (
+            t.last_picked_at[index] <= t.scraped_at[index] - t.gauge_age_s[index])
         seen = np.minimum(distinct, t.running[index])[proof]
         self.adapter_slots[:] = max(self.adapter_slots.max(initial=0.0), seen.max(initial=0.0))
 
