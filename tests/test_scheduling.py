@@ -120,9 +120,11 @@ def test_lora_affinity_unknown_adapter_counts_as_free_slot():
 def test_without_adapter_metrics_the_gateways_own_requests_say_what_holds_a_slot():
     """SGLang and TensorRT-LLM publish no adapter metrics (max_lora 0): an adapter with
     requests in flight holds a slot there, and only a pod with no other adapter in flight
-    surely has one free; a completion gives it back."""
+    surely has one free; a completion gives it back. (With the pool's one slot found by a
+    probe, `test_adapter_slots_are_probed_one_adapter_beyond_the_proof`: none is sent.)"""
     pool = make_pool(3, max_lora=[0, 0, 0])
     sched = Scheduler(pool, max_fallbacks=2)
+    sched.state.slot_cap = 1.0
     sched.on_dispatch(0, req(adapter="ad-a"), NOW)
     busy = req(adapter="ad-b")
     sched.on_dispatch(1, busy, NOW)
@@ -135,7 +137,8 @@ def test_without_adapter_metrics_the_gateways_own_requests_say_what_holds_a_slot
 def test_without_adapter_metrics_a_pod_proves_its_adapter_slots_by_running_them():
     """Two adapters in flight on a pod whose scrape shows nothing waiting: it runs two at
     once, so while only one other is in flight it has a slot free for a third adapter;
-    with two, not. A scrape with a queue proves nothing."""
+    with two, not while a probe of three slots is out. A scrape with a queue proves
+    nothing."""
     pool = make_pool(2, max_lora=[0, 0])
     sched = Scheduler(pool, max_fallbacks=1)
     first, second = req(adapter="ad-a"), req(adapter="ad-b")
@@ -153,7 +156,9 @@ def test_without_adapter_metrics_a_pod_proves_its_adapter_slots_by_running_them(
     assert sched.state.adapter_slots[0] == 2
     assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.8, 0.8]
     sched.on_dispatch(0, first, NOW + 0.4)
-    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.8]
+    for adapter in ("ad-a", "ad-b", "ad-c"):  # ad-c makes three there: the probe, out
+        sched.on_dispatch(1, req(adapter=adapter), NOW + 0.4)
+    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 1.0]
 
 
 def test_with_replicas_only_this_replicas_requests_before_the_scrape_prove_adapter_slots():
@@ -209,6 +214,56 @@ def test_gauges_as_last_set_prove_adapter_slots_only_well_after_the_last_send():
     assert sched.state.adapter_slots[0] == 2
 
 
+def test_adapter_slots_are_probed_one_adapter_beyond_the_proof():
+    """Where nothing proved a second slot, one request at a time may make a pod's adapters
+    in flight one more than proved (else a pool whose requests share one adapter never
+    proves more: family-0-92). A scrape with gauges set after it that shows a queue while
+    its adapter is in flight disproves that level: it is not probed again."""
+    pool = make_pool(2, max_lora=[0, 0])
+    sched = Scheduler(pool, max_fallbacks=1)
+    t = pool.table
+    sched.on_dispatch(0, req(adapter="ad-a"), NOW)
+    sched.on_dispatch(1, req(adapter="ad-a"), NOW)
+    assert scores(pool, "loraAffinity", req(adapter="ad-b"), sched) == [0.8, 0.8]
+    probe = req(adapter="ad-b")
+    sched.on_dispatch(0, probe, NOW + 0.01)
+    assert sched.state.probe_row == 0
+    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.0]
+    t.running[0], t.waiting[0] = 1, 1
+    pool.mark_scrape(0, True, NOW + 0.05)
+    sched.on_complete(0, req(adapter="ad-a"), NOW + 0.1, 0.1, ok=True)
+    assert sched.state.slot_cap == 1.0 and sched.state.probe_at == 0.0
+    assert sched.state.probe_capacity(NOW + 0.2) == 1.0
+    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.0]
+
+
+def test_a_probe_proved_opens_the_next_level():
+    """The probe's scrape shows nothing waiting: two slots are proved, and the next probe
+    may make a pod's adapters three."""
+    pool = make_pool(1, max_lora=[0])
+    sched = Scheduler(pool, max_fallbacks=0)
+    t = pool.table
+    sched.on_dispatch(0, req(adapter="ad-a"), NOW)
+    sched.on_dispatch(0, req(adapter="ad-b"), NOW + 0.01)
+    assert sched.state.probe_level == 2.0
+    t.running[0], t.waiting[0] = 2, 0
+    pool.mark_scrape(0, True, NOW + 0.05)
+    sched.on_complete(0, req(adapter="ad-a"), NOW + 0.1, 0.1, ok=True)
+    assert sched.state.adapter_slots[0] == 2.0 and sched.state.probe_at == 0.0
+    assert sched.state.probe_capacity(NOW + 0.2) == 3.0
+
+
+def test_a_proof_beyond_a_probes_cap_lifts_it():
+    """A probe's queue may have waited for the batch, not for a slot: two adapters later
+    seen running at once with nothing waiting prove the cap wrong, and probing resumes."""
+    pool = make_pool(1, max_lora=[0])
+    sched = Scheduler(pool, max_fallbacks=0)
+    sched.state.slot_cap = 1.0
+    _prove_two_adapter_slots(sched, pool)
+    assert sched.state.slot_cap == math.inf
+    assert sched.state.probe_capacity(NOW + 1) == 3.0
+
+
 def _prove_two_adapter_slots(sched: Scheduler, pool: Pool) -> None:
     """Pod 0 runs ad-a and ad-b at once under a scrape with nothing waiting."""
     first, second = req(adapter="ad-a"), req(adapter="ad-b")
@@ -226,6 +281,7 @@ def test_without_adapter_metrics_a_proof_of_adapter_slots_holds_for_the_whole_po
     pool = make_pool(2, max_lora=[0, 0])
     sched = Scheduler(pool, max_fallbacks=1)
     sched.on_dispatch(1, req(adapter="ad-b"), NOW)
+    sched.on_dispatch(1, req(adapter="ad-a"), NOW)  # the probe of a second slot, still out
     assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.8, 0.0]
     _prove_two_adapter_slots(sched, pool)
     assert sched.state.adapter_slots.tolist()[:2] == [2.0, 2.0]

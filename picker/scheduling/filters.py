@@ -145,7 +145,8 @@ def _unknown_slots(ctx: ScoringContext, slot: int, unknown: np.ndarray, capacity
     mine = inflight[:, slot] > 0
     others = np.count_nonzero(inflight, axis=1) - mine
     resident = np.where(unknown, resident | mine, resident)
-    free = np.where(unknown, others < capacity, free)
+    probe = ctx.state.probe_capacity(ctx.now)
+    free = np.where(unknown, others < np.maximum(capacity, probe), free)
     return resident, free
 
 

@@ -47,6 +47,8 @@ GENERATION_GAP = 1.5
 # Pods whose KV caches hold this close to the same number of tokens count as the same
 # hardware for an untried pod's first guess (`probe_speeds`).
 TWIN_CAPACITY = 0.01
+# An adapter-slot probe (`probe_capacity`) with no verdict by then is dropped (one may follow).
+SLOT_PROBE_TIMEOUT_S = 10.0
 # No such guess before this share of a pool's pods has a known speed (`_probe_guess`).
 PROBE_AFTER_KNOWN = 0.25
 # A learned speed with no new observation for SPEED_STALE_S is not trusted: the
@@ -106,6 +108,14 @@ class PoolState:
         # There, the most adapters the pool's pods were seen running at once, the same in
         # every row (`_learn_adapter_slots`); a replaced pod's row is 0 until the next scrape.
         self.adapter_slots = np.zeros(0)
+        # One adapter beyond the proved slots sent to a pod at a time (`probe_capacity`):
+        # when (0: none out), where, with how many adapters in flight there, which adapter;
+        # and the slots a probe disproved (its scrape showed a queue): never probed again.
+        self.probe_at = 0.0
+        self.probe_row = -1
+        self.probe_level = 0.0
+        self.probe_slot = -1
+        self.slot_cap = math.inf
         # Each row's last RECENT_SENDS dispatches of this replica: when, and their prompt
         # tokens; `recent_next` is the ring's next slot. Read only by `scrape_dated`.
         self.recent_at = np.zeros((0, RECENT_SENDS))
@@ -223,6 +233,8 @@ class PoolState:
         if req.adapter is not None:
             slot = self.pool.adapter_index.get(req.adapter)
             if slot is not None:
+                if not remote:
+                    self._note_probe(row, slot, now)
                 self.adapter_sent[row, slot] = now
                 self.adapter_inflight[row, slot] += 1.0
                 if not remote:
@@ -376,6 +388,57 @@ class PoolState:
             t.last_picked_at[index] <= t.scraped_at[index] - t.gauge_age_s[index])
         seen = np.minimum(distinct, t.running[index])[proof]
         self.adapter_slots[:] = max(self.adapter_slots.max(initial=0.0), seen.max(initial=0.0))
+        self._judge_probe()
+
+    def probe_capacity(self, now: float) -> float:
+        """Adapters a pod without adapter metrics may run beside the proved slots' worth
+        (filters.lora_state's free slot): one more while no probe is out and none was
+        disproved at that level, else none.
+
+        The slots are proved only by a scrape that saw more adapters running at once, and
+        with the proved count as the limit the gateway never sends a pod one adapter more
+        than that: a pool whose requests mostly share one adapter stayed at 1 of 3 slots
+        (family-0-92, TensorRT-LLM on 2 H100 + 4 L40S: the second adapter went to idle
+        L40Ss at 2.7x the TTFT while the H100s ran one adapter each). So one request at a
+        time goes where it makes one adapter more than proved: a scrape then proves the
+        level (`_learn_adapter_slots`), or shows a queue behind it, and the level stays
+        unprobed. The cost, on a pool at its true limit, is that request's wait for a slot."""
+        proved = max(float(self.adapter_slots.max(initial=0.0)), 1.0)
+        if self.probe_at > 0 and now - self.probe_at < SLOT_PROBE_TIMEOUT_S:
+            return proved
+        return proved + 1.0 if proved + 1.0 <= self.slot_cap else proved
+
+    def _note_probe(self, row: int, slot: int, now: float) -> None:
+        """A send to a pod without adapter metrics that makes its adapters in flight more
+        than the pool proved is the probe (`probe_capacity`)."""
+        if self.pool.table.max_lora[row] > 0:
+            return
+        inflight = self.adapter_inflight[row]
+        level = float(np.count_nonzero(inflight)) + (0.0 if inflight[slot] > 0 else 1.0)
+        if level > max(float(self.adapter_slots.max(initial=0.0)), 1.0):
+            self.probe_at, self.probe_row, self.probe_level, self.probe_slot = now, row, level, slot
+
+    def _judge_probe(self) -> None:
+        """A proof at the probe's level ends it; so does a scrape of its pod with gauges set
+        after it was sent that shows a queue while its adapter is still in flight there
+        (the level is beyond the slots: `slot_cap`); an old one is dropped. The queue may
+        have waited for the batch, not a slot: a later proof beyond the cap lifts it."""
+        proved = self.adapter_slots.max(initial=0.0)
+        if proved > self.slot_cap:  # the queue that capped it was no wait for a slot
+            self.slot_cap = math.inf
+        if self.probe_at <= 0:
+            return
+        t = self.pool.table
+        row = self.probe_row
+        seen_after = t.scraped_at[row] - t.gauge_age_s[row] >= self.probe_at
+        if proved >= self.probe_level:
+            self.probe_at = 0.0
+        elif (seen_after and t.waiting[row] >= 1.0
+              and self.adapter_inflight[row, self.probe_slot] > 0):
+            self.slot_cap = self.probe_level - 1.0
+            self.probe_at = 0.0
+        elif t.scraped_at[row] - self.probe_at > SLOT_PROBE_TIMEOUT_S:
+            self.probe_at = 0.0
 
     def _adapter_bound(self, index: slice | np.ndarray) -> np.ndarray:
         """Rows whose queue may wait for an adapter slot: an adapter is waiting there that
