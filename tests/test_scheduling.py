@@ -253,6 +253,25 @@ def test_a_probe_proved_opens_the_next_level():
     assert sched.state.probe_capacity(NOW + 0.2) == 3.0
 
 
+def test_a_queue_behind_a_forced_send_never_raises_the_cap():
+    """Where no pod has a free slot every pod is kept and some pod gets one adapter more
+    than the pool proved; a queue behind that at a higher level says the slots are below
+    it, which must not undo a lower cap (on a one-slot pool it did, and the probe of a
+    second slot was sent again and again: family-0-19)."""
+    pool = make_pool(1, max_lora=[0])
+    sched = Scheduler(pool, max_fallbacks=0)
+    t = pool.table
+    sched.state.slot_cap = 1.0
+    for adapter in ("ad-a", "ad-b"):  # long running; ad-b's verdict never came
+        sched.on_dispatch(0, req(adapter=adapter), NOW - 30)
+    sched.on_dispatch(0, req(adapter="ad-c"), NOW)
+    assert sched.state.probe_level == 3.0
+    t.running[0], t.waiting[0] = 1, 2
+    pool.mark_scrape(0, True, NOW + 0.05)
+    sched.on_complete(0, req(adapter="ad-a"), NOW + 0.1, 0.1, ok=True)
+    assert sched.state.slot_cap == 1.0 and sched.state.probe_at == 0.0
+
+
 def test_a_proof_beyond_a_probes_cap_lifts_it():
     """A probe's queue may have waited for the batch, not for a slot: two adapters later
     seen running at once with nothing waiting prove the cap wrong, and probing resumes."""

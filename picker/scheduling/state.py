@@ -410,8 +410,11 @@ class PoolState:
 
     def _note_probe(self, row: int, slot: int, now: float) -> None:
         """A send to a pod without adapter metrics that makes its adapters in flight more
-        than the pool proved is the probe (`probe_capacity`)."""
-        if self.pool.table.max_lora[row] > 0:
+        than the pool proved is the probe (`probe_capacity`), or, while one is out, is sent
+        because no pod had a free slot (`filters.LoraCapable` keeps all then): only the
+        first is judged."""
+        if self.pool.table.max_lora[row] > 0 or (
+                self.probe_at > 0 and now - self.probe_at < SLOT_PROBE_TIMEOUT_S):
             return
         inflight = self.adapter_inflight[row]
         level = float(np.count_nonzero(inflight)) + (0.0 if inflight[slot] > 0 else 1.0)
@@ -435,7 +438,7 @@ class PoolState:
             self.probe_at = 0.0
         elif (seen_after and t.waiting[row] >= 1.0
               and self.adapter_inflight[row, self.probe_slot] > 0):
-            self.slot_cap = self.probe_level - 1.0
+            self.slot_cap = min(self.slot_cap, self.probe_level - 1.0)
             self.probe_at = 0.0
         elif t.scraped_at[row] - self.probe_at > SLOT_PROBE_TIMEOUT_S:
             self.probe_at = 0.0
