@@ -227,7 +227,8 @@ def test_adapter_slots_are_probed_one_adapter_beyond_the_proof():
     assert scores(pool, "loraAffinity", req(adapter="ad-b"), sched) == [0.8, 0.8]
     probe = req(adapter="ad-b")
     sched.on_dispatch(0, probe, NOW + 0.01)
-    assert sched.state.probe_row == 0
+    assert sched.explain(req(adapter="ad-c"), NOW + 0.02)["adapter_slots"] == {
+        "proved": 0.0, "cap": None, "probe_row": 0, "probe_level": 2.0}
     assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.0]
     t.running[0], t.waiting[0] = 1, 1
     pool.mark_scrape(0, True, NOW + 0.05)
@@ -235,6 +236,8 @@ def test_adapter_slots_are_probed_one_adapter_beyond_the_proof():
     assert sched.state.slot_cap == 1.0 and sched.state.probe_at == 0.0
     assert sched.state.probe_capacity(NOW + 0.2) == 1.0
     assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.0]
+    assert sched.explain(req(adapter="ad-c"), NOW + 0.2)["adapter_slots"] == {
+        "proved": 0.0, "cap": 1.0, "probe_row": None, "probe_level": None}
 
 
 def test_a_probe_proved_opens_the_next_level():

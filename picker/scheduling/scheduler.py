@@ -259,7 +259,8 @@ class Scheduler:
 
         Keys: pool, model, adapter, profile, weights, degraded, picked (addresses,
         best first, ties in row order), pods: [{address, row, total, scores
-        {scorer: raw score in [0,1]}, predicted_ttft_s?, filtered_reason}].
+        {scorer: raw score in [0,1]}, predicted_ttft_s?, filtered_reason}], and for an
+        adapter request adapter_slots (`PoolState.slot_knowledge`).
         """
         dropped: dict[int, str] = {}
         ctx, degraded = self._filter(req, now, dropped)
@@ -301,6 +302,7 @@ class Scheduler:
             "degraded": degraded,
             "picked": self._explain_picked(ctx, order, profile),
             "pods": pods,
+            **({"adapter_slots": self.state.slot_knowledge(now)} if req.adapter else {}),
         }
 
     @staticmethod

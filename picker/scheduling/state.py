@@ -408,6 +408,18 @@ class PoolState:
             return proved
         return proved + 1.0 if proved + 1.0 <= self.slot_cap else proved
 
+    def slot_knowledge(self, now: float) -> dict[str, float | int | None]:
+        """What the pool knows of its adapter slots where pages publish none, for `igw
+        explain`: proved (0: nothing yet), cap (a probe's queue; None: none), and the row
+        and level of the probe out (None: none)."""
+        out = now - self.probe_at < SLOT_PROBE_TIMEOUT_S if self.probe_at > 0 else False
+        return {
+            "proved": float(self.adapter_slots.max(initial=0.0)),
+            "cap": None if math.isinf(self.slot_cap) else self.slot_cap,
+            "probe_row": self.probe_row if out else None,
+            "probe_level": self.probe_level if out else None,
+        }
+
     def _note_probe(self, row: int, slot: int, now: float) -> None:
         """A send to a pod without adapter metrics that makes its adapters in flight more
         than the pool proved is the probe (`probe_capacity`), or, while one is out, is sent
