@@ -121,7 +121,7 @@ def lora_state(ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     used = np.count_nonzero(table.lora_running[ctx.index], axis=1)
     free = used < max_lora
     if unknown.any():
-        resident, free = _unknown_slots(ctx, slot, unknown, capacity, resident, free)
+        resident, free = _unknown_slots(ctx, slot, unknown, resident, free)
     return resident, waiting, free
 
 
@@ -131,12 +131,13 @@ def adapter_capacity(max_lora: np.ndarray, proved: np.ndarray) -> np.ndarray:
     return np.where(max_lora > 0, max_lora, np.maximum(proved, 1.0))
 
 
-def _unknown_slots(ctx: ScoringContext, slot: int, unknown: np.ndarray, capacity: np.ndarray,
-                   resident: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _unknown_slots(ctx: ScoringContext, slot: int, unknown: np.ndarray, resident: np.ndarray,
+                   free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Residency and free slots where the engine says nothing of adapters, from the
     gateway's own accounting: an adapter with requests in flight holds a slot (it is
     resident), and a pod has one free while fewer other adapters are in flight than it
-    has proved to run at once (PoolState.adapter_slots, at least one). Counting every
+    has proved to run at once (PoolState.adapter_slots, at least one; one more for a
+    probe, PoolState.probe_capacity). Counting every
     such pod as free (as before) let `lora-home` spill a new adapter onto pods whose
     slots two running adapters kept busy, where it waited seconds for one (family-0-97,
     SGLang 0.4, 18 adapters on 11 pods of 2 slots: TTFT p95 11.2 s against
@@ -145,8 +146,8 @@ def _unknown_slots(ctx: ScoringContext, slot: int, unknown: np.ndarray, capacity
     mine = inflight[:, slot] > 0
     others = np.count_nonzero(inflight, axis=1) - mine
     resident = np.where(unknown, resident | mine, resident)
-    probe = ctx.state.probe_capacity(ctx.now)
-    free = np.where(unknown, others < np.maximum(capacity, probe), free)
+    # the proved slots and, while no probe is out, one more (PoolState.probe_capacity)
+    free = np.where(unknown, others < ctx.state.probe_capacity(ctx.now), free)
     return resident, free
 
 

@@ -403,16 +403,24 @@ class PoolState:
         time goes where it makes one adapter more than proved: a scrape then proves the
         level (`_learn_adapter_slots`), or shows a queue behind it, and the level stays
         unprobed. The cost, on a pool at its true limit, is that request's wait for a slot."""
-        proved = max(float(self.adapter_slots.max(initial=0.0)), 1.0)
-        if self.probe_at > 0 and now - self.probe_at < SLOT_PROBE_TIMEOUT_S:
+        proved = self._proved_slots()
+        if self._probe_out(now):
             return proved
         return proved + 1.0 if proved + 1.0 <= self.slot_cap else proved
+
+    def _proved_slots(self) -> float:
+        """The pool's proved adapter slots, at least one (`filters.adapter_capacity`)."""
+        return max(float(self.adapter_slots.max(initial=0.0)), 1.0)
+
+    def _probe_out(self, now: float) -> bool:
+        """A probe was sent and is still waiting for its verdict."""
+        return self.probe_at > 0 and now - self.probe_at < SLOT_PROBE_TIMEOUT_S
 
     def slot_knowledge(self, now: float) -> dict[str, float | int | None]:
         """What the pool knows of its adapter slots where pages publish none, for `igw
         explain`: proved (0: nothing yet), cap (a probe's queue; None: none), and the row
         and level of the probe out (None: none)."""
-        out = now - self.probe_at < SLOT_PROBE_TIMEOUT_S if self.probe_at > 0 else False
+        out = self._probe_out(now)
         return {
             "proved": float(self.adapter_slots.max(initial=0.0)),
             "cap": None if math.isinf(self.slot_cap) else self.slot_cap,
@@ -425,12 +433,11 @@ class PoolState:
         than the pool proved is the probe (`probe_capacity`), or, while one is out, is sent
         because no pod had a free slot (`filters.LoraCapable` keeps all then): only the
         first is judged."""
-        if self.pool.table.max_lora[row] > 0 or (
-                self.probe_at > 0 and now - self.probe_at < SLOT_PROBE_TIMEOUT_S):
+        if self.pool.table.max_lora[row] > 0 or self._probe_out(now):
             return
         inflight = self.adapter_inflight[row]
         level = float(np.count_nonzero(inflight)) + (0.0 if inflight[slot] > 0 else 1.0)
-        if level > max(float(self.adapter_slots.max(initial=0.0)), 1.0):
+        if level > self._proved_slots():
             self.probe_at, self.probe_row, self.probe_level, self.probe_slot = now, row, level, slot
 
     def _judge_probe(self) -> None:
