@@ -62,6 +62,12 @@ FLOAT_COLUMNS = (
     "raw_prefill_sum",
     "raw_prefill_count",
     "raw_prefill_tokens",
+    # where a page counts the requests of a prefill window but not their prompt tokens
+    # (SGLang 0.5): decayed sums of those requests, of their uncached share in requests,
+    # and of their prefill seconds, priced at the latest mean prompt (picker.datalayer.speed)
+    "prefill_requests_acc",
+    "prefill_fresh_acc",
+    "prefill_seconds_acc",
     "raw_cache_queries",
     "raw_cache_hits",
     # the step counter where it last moved, when, whether the pod was busy then, and

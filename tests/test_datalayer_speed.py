@@ -242,7 +242,8 @@ def test_sglang_prefill_speed_is_ttft_less_queue_time() -> None:
     assert table.prefill_tps[0] == pytest.approx(10000.0)
     state.finish(4, 1000, prefill_s=0.2, queue_s=0.0, itl_s=0.02, output_tokens=11)
     learner.update(table, 0, parse_metrics(render("sglang", state), SGLANG))
-    assert table.prefill_tps[0] == pytest.approx(10000 + (1 - 0.5**4) * (5000 - 10000))
+    # decayed sums: 4 requests in 0.4 s kept at 0.5^4, then 4 more in 0.8 s
+    assert table.prefill_tps[0] == pytest.approx(1000 * (4 * 0.5**4 + 4) / (0.4 * 0.5**4 + 0.8))
 
 
 def test_sglang_first_tokens_count_at_the_mean_prompt_of_finished_requests() -> None:
@@ -258,7 +259,27 @@ def test_sglang_first_tokens_count_at_the_mean_prompt_of_finished_requests() -> 
     page.update({Signal.TTFT_SUM: 1.5, Signal.TTFT_COUNT: 6.0, Signal.QUEUE_TIME_SUM: 0.7,
                  Signal.QUEUE_TIME_COUNT: 6.0})  # two first tokens, 0.4 s of prefill
     learner.update(table, 0, MetricsSnapshot(values=dict(page)))
-    assert table.prefill_tps[0] == pytest.approx(10000 + (1 - 0.5**2) * (5000 - 10000))
+    # 4 requests in 0.4 s kept at 0.5^2, then 2 more in 0.4 s
+    assert table.prefill_tps[0] == pytest.approx(1000 * (4 * 0.25 + 2) / (0.4 * 0.25 + 0.4))
+
+
+def test_sglang_windows_are_priced_at_the_latest_mean_prompt() -> None:
+    """The mean prompt of finished requests is read from a few requests at first; a
+    window priced at it once kept that price, and a pod read slow from an early window
+    was avoided and never corrected (family-0-9). Every kept window takes the latest."""
+    table, learner = PodTable(1), SpeedLearner(alpha=0.5)
+    page = {Signal.TTFT_SUM: 1.0, Signal.TTFT_COUNT: 4.0, Signal.QUEUE_TIME_SUM: 0.6,
+            Signal.QUEUE_TIME_COUNT: 4.0, Signal.FINISHED_PROMPT_TOKENS: 4000.0,
+            Signal.FINISHED_REQUESTS: 4.0}
+    learner.update(table, 0, MetricsSnapshot(values=dict(page)))
+    assert table.prefill_tps[0] == pytest.approx(10000.0)
+    page.update({Signal.TTFT_SUM: 1.5, Signal.TTFT_COUNT: 6.0, Signal.QUEUE_TIME_SUM: 0.7,
+                 Signal.QUEUE_TIME_COUNT: 6.0, Signal.FINISHED_PROMPT_TOKENS: 16000.0,
+                 Signal.FINISHED_REQUESTS: 8.0})  # the mean prompt is 2,000 now
+    learner.update(table, 0, MetricsSnapshot(values=dict(page)))
+    # 3 requests (4 kept at 0.25, 2 new) in 0.5 s, all at 2,000 tokens; an EWMA of the
+    # windows as priced when they came would have stayed at 10,000
+    assert table.prefill_tps[0] == pytest.approx(12000.0)
 
 
 def test_no_derived_prefill_when_ttft_and_queue_time_count_other_requests() -> None:
