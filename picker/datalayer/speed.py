@@ -224,7 +224,7 @@ class SpeedLearner:
             return False
         d_seconds, d_count, d_units = self._remember(table, row, PREFILL, current)
         if mean_prompt is not None:
-            return self._priced(table, row, snapshot, (d_seconds, d_count), mean_prompt, forget)
+            return self._priced(table, row, snapshot, d_seconds, d_count, mean_prompt, forget)
         uncached = self._uncached(table, row, snapshot, d_units)
         sample = prefill_rate(d_units, d_seconds)
         if sample is None:
@@ -237,8 +237,8 @@ class SpeedLearner:
         column[row] = ewma(float(column[row]), fresh if fresh is not None else sample, weight)
         return True
 
-    def _priced(self, table: PodTable, row: int, snapshot: MetricsSnapshot,
-                window: tuple[float, float], mean_prompt: float, forget: float) -> bool:
+    def _priced(self, table: PodTable, row: int, snapshot: MetricsSnapshot, d_seconds: float,
+                d_count: float, mean_prompt: float, forget: float) -> bool:
         """Fold a window that counts requests, not tokens (`_derived_prefill`): its
         requests and seconds join decayed sums, and the speed is those requests at the
         pod's latest mean prompt over those seconds.
@@ -250,7 +250,6 @@ class SpeedLearner:
         and the rest a p95 10 % over round-robin's). Re-priced at every window, the kept
         windows follow the mean as more requests finish.
         """
-        d_seconds, d_count = window
         if d_count <= 0 or d_seconds <= 0:
             return False
         uncached = self._uncached(table, row, snapshot, d_count * mean_prompt)
