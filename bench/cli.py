@@ -97,9 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --replicas: the replicas do not coordinate")
     p.add_argument("--compare-coordination", action="store_true",
                    help="with --replicas: run both, coordinated and not, alternated")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="with --replicas: alternated repeats of every configuration; with "
-                        "--twin-replicas: the twin's seeds 0..R-1")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="with --replicas: alternated repeats of every configuration (default "
+                        "1); with --twin-replicas: the twin's seeds 0..R-1 (default 1); with "
+                        "--family: the twin's seeds S..S+R-1 per member, figures their median "
+                        "(default 3)")
     p.add_argument("--scrape-load", type=float, default=None, metavar="SECONDS",
                    help="with --replicas: measure the pods' scrape load at each N instead, "
                         "uncoordinated then coordinated sharing scrape results "
@@ -187,9 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                    args.seed, args.out or RESULTS, args.family)
         return 0
     if args.family is not None:
-        from bench.family import run_family
+        from bench.family import TWIN_SEEDS, run_family
 
-        run_family(args.seed, args.family, args.out or RESULTS, args.twin_only)
+        run_family(args.seed, args.family, args.out or RESULTS, args.twin_only,
+                   args.repeats or TWIN_SEEDS)
         return 0
     if args.smoke:
         names = ["tiny"]
@@ -305,7 +308,7 @@ def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
             else:
                 items = _named(["tiny"] if args.smoke else _scenarios(args.scenario), args)
             names = [scenario.name for scenario, _, _ in items]
-            routers = replica_specs(counts, coordination, args.repeats)
+            routers = replica_specs(counts, coordination, args.repeats or 1)
             out = results / "partial" / "replicas"
             failed = asyncio.run(_run(items, routers, args, out, work, False, command))
             meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -331,7 +334,7 @@ def twin_replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     names = [] if args.family is not None else _scenarios(args.scenario)
     family = (args.seed, args.family) if args.family is not None else None
     command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    run(names, family, counts, modes, args.repeats, args.seed, args.out or RESULTS, command,
+    run(names, family, counts, modes, args.repeats or 1, args.seed, args.out or RESULTS, command,
         args.duration, args.time_scale)
     return 0
 

@@ -155,6 +155,25 @@ def _row(name: str, vs_best: float, vs_rr: float) -> dict:
                        "loads_vs_affine": None}}
 
 
+def test_a_members_figures_are_the_median_over_the_twins_seeds() -> None:
+    plan = scenario(0, 4)  # 15 vLLM pods: its p95 differs on each of the three seeds
+    yard = {k: {"ttft_p95": 0.025, "adapter_loads": 0} for k in family.YARDSTICKS}
+    row = family.run_scenario(plan, yard, family.twin_seeds(0, 3))
+    measured = measured_indices(plan)
+    each = [twin(plan, seed=s).percentiles(measured)["ttft_p95"] for s in (0, 1, 2)]
+    assert len(set(each)) == 3
+    assert row["gateway"]["p95_by_seed"] == each
+    assert row["gateway"]["ttft_p95"] == sorted(each)[1]
+    assert row["ratios"]["vs_best_ttft"] == round(sorted(each)[1] / 0.025, 3)
+    agg = family.aggregate([row])
+    assert agg["twin_seeds"] == [0, 1, 2]
+    assert agg["seed_spread"]["worst"] == round(max(each) / min(each), 3)
+    assert agg["share_within_target_every_seed"] == 0.0  # 0.025 x 1.2 is below every seed's
+    one = family.run_scenario(plan, yard)  # the family's seed alone, as before
+    assert one["gateway"]["ttft_p95"] == each[0] and "p95_by_seed" not in one["gateway"]
+    assert "seed_spread" not in family.aggregate([one])
+
+
 def test_report_gains_a_family_section_replaced_on_each_run(tmp_path) -> None:
     rows = [_row(f"family-0-{i}", 1.0 + i / 10, 0.5 + i / 10) for i in range(6)]
     doc = {"seed": 0, "count": 6, "twin_only": True, "seconds": 1.0,
