@@ -20,6 +20,8 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Callable, Coroutine
+from ssl import SSLContext
 from typing import Any
 
 COMPLETION = (
@@ -109,10 +111,13 @@ class EchoProtocol(asyncio.Protocol):
             elif method == b"POST":
                 out.append(RESPONSES[b"POST"])
             else:
-                out.append(RESPONSES.get(path, RESPONSES[b"404"]))
+                out.append(self.answer_get(path))
         if out and self.transport is not None:
             self.transport.write(b"".join(out))
 
+    def answer_get(self, path: bytes) -> bytes:
+        """The whole HTTP/1.1 answer to a request other than a POST."""
+        return RESPONSES.get(path, RESPONSES[b"404"])
 
     def _write_stream(self, left: list[bytes]) -> None:
         """One chunk now, the next in the loop's next iteration (clients send one
@@ -124,11 +129,14 @@ class EchoProtocol(asyncio.Protocol):
             asyncio.get_running_loop().call_soon(self._write_stream, left)
 
 
-async def serve(port: int, host: str = "127.0.0.1", stream_events: int = 0) -> None:
+async def serve_until_signalled(factory: Callable[[], asyncio.Protocol], port: int,
+                                host: str = "127.0.0.1", *, ssl: SSLContext | None = None,
+                                label: str = "echo") -> None:
+    """Serve `factory`'s protocol on host:port, print `LABEL ready PORT`, stop on
+    SIGTERM/SIGINT."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: EchoProtocol(stream_events), host, port,
-                                      backlog=1024)
-    print(f"echo ready {port}", flush=True)
+    server = await loop.create_server(factory, host, port, backlog=1024, ssl=ssl)
+    print(f"{label} ready {port}", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -138,18 +146,27 @@ async def serve(port: int, host: str = "127.0.0.1", stream_events: int = 0) -> N
         await server.wait_closed()
 
 
+async def serve(port: int, host: str = "127.0.0.1", stream_events: int = 0) -> None:
+    await serve_until_signalled(lambda: EchoProtocol(stream_events), port, host)
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """On uvloop when it is installed (it is in the project's environment)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--stream-events", type=int, default=0,
                    help="answer POSTs with an SSE stream of this many token events")
     args = p.parse_args(argv)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(args.port, stream_events=args.stream_events))
-    else:
-        uvloop.run(serve(args.port, stream_events=args.stream_events))
+    run(serve(args.port, stream_events=args.stream_events))
     return 0
 
 

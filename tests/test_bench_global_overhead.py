@@ -1,6 +1,7 @@
 """The global-overhead benchmark's own parts: the paced wrk script offers the rate it is
 given (against the real echo server, with real wrk), and the summary judges a point the
-way #18's bound reads (added p50 and CPU both within Tier 1's own).
+way #18's bound reads (the global tier's p50 and CPU both within Tier 1's own), for each
+tier in front of a backend that costs nothing and for the stacked path.
 
 Speed is what `python -m bench.global_overhead` measures; here only that the offered rate
 is the configured one (a pacing bug would make the paced points compare unequal loads).
@@ -59,24 +60,40 @@ def _point(path: str, p50_ms: float, cpu: dict[str, float]) -> dict:
 def test_a_point_is_within_only_when_p50_and_cpu_both_are():
     spec = Spec(1, 200)
     tier1 = {"tier1-picker": 0.4, "tier1-envoy": 0.5}
+    front = {"global-globalrouter": 0.3, "global-envoy": 0.4}
     points = [
-        _point("echo", 0.2, {}),
-        _point("tier1", 1.2, tier1),  # Tier 1's own: 1.0 ms, 0.9 ms CPU
-        _point("global", 2.1, {**tier1, "global-globalrouter": 0.3, "global-envoy": 0.5}),
+        _point("echo", 0.2, {"echo": 0.01}),
+        _point("tier1", 1.2, {**tier1, "echo": 0.05}),  # Tier 1's own: 1.0 ms, 0.9 ms CPU
+        _point("global", 2.1, {**tier1, "global-globalrouter": 0.3, "global-envoy": 0.5,
+                               "echo": 0.05}),
+        _point("standin", 0.3, {"standin": 0.02}),
+        # the global tier's own: 0.9 ms, 0.7 ms CPU (the stand-in's is the region's)
+        _point("global-standin", 1.2, {**front, "standin": 0.1}),
     ]
     row = _summary(points, spec)
+    assert row["own_p50_ms"] == pytest.approx(0.9)
+    assert row["own_cpu_ms"] == pytest.approx(0.7)
     assert row["added_p50_ms"] == pytest.approx(0.9)
     assert row["tier1_p50_ms"] == pytest.approx(1.0)
-    # the Tier-1 processes' CPU in the global run is not the global tier's
+    # neither the Tier-1 processes' CPU in the stacked run nor the echo server's is the
+    # global tier's; the echo server's is not Tier 1's
     assert row["global_cpu_ms"] == pytest.approx(0.8) and row["tier1_cpu_ms"] == 0.9
-    assert row["within"]
+    assert row["own_within"] and row["stacked_within"]
     points[2] = _point("global", 2.1, {**tier1, "global-globalrouter": 0.5,
                                         "global-envoy": 0.5})
-    assert not _summary(points, spec)["within"]  # CPU 1.0 > 0.9
+    assert not _summary(points, spec)["stacked_within"]  # CPU 1.0 > 0.9
     points[2] = _point("global", 2.3, {**tier1, "global-globalrouter": 0.3,
                                         "global-envoy": 0.5})
-    assert not _summary(points, spec)["within"]  # added p50 1.1 > 1.0
+    assert not _summary(points, spec)["stacked_within"]  # added p50 1.1 > 1.0
+    assert _summary(points, spec)["own_within"]  # the stacked path does not decide it
+    points[4] = _point("global-standin", 1.4, {**front, "standin": 0.1})
+    assert not _summary(points, spec)["own_within"]  # own p50 1.1 > 1.0
+    points[4] = _point("global-standin", 1.2, {**front, "global-envoy": 0.7})
+    assert not _summary(points, spec)["own_within"]  # own CPU 1.0 > 0.9
+    points[4] = _point("global-standin", 1.2, {**front, "standin": 0.1})
     doc = {"date": "d", "cores": 2, "load_average": 1.0, "halt_poll": "off",
            "command": "c", "duration_s": 8.0, "rounds": 4, "points": points,
            "summary": [_summary(points, spec)]}
-    assert "| 1 at 200/s | 1.10 | 1.00 | 0.800 | 0.900 | no |" in render(doc)
+    text = render(doc)
+    assert "| 1 at 200/s | 0.90 | 1.00 | 0.700 | 0.900 | yes |" in text  # own
+    assert "| 1 at 200/s | 1.10 | 1.00 | 0.800 | 0.900 | no |" in text  # stacked
