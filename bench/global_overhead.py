@@ -67,6 +67,7 @@ from bench.output import write_results
 from bench.overhead import LUA, MODEL, _body, _cpu, _wrk, wrk_threads
 from bench.procs import (
     descendants,
+    machine_cpu,
     process_name,
     start_child,
     start_piped,
@@ -200,16 +201,19 @@ def _measure(paths: dict[str, tuple[str, dict[str, int]]], script: Path, spec: S
         _wrk(url, script, spec.connections, WARMUP_S)
     slices: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
     cpu = {name: dict.fromkeys(pids, 0.0) for name, (_, pids) in paths.items()}
+    busy = dict.fromkeys(paths, 0.0)  # the whole machine's busy CPU seconds
     for _ in range(rounds):
         for name, (url, pids) in paths.items():
-            before = _cpu(pids)
+            before, machine = _cpu(pids), machine_cpu()[0]
             slices[name].append(_wrk(url, script, spec.connections, seconds / rounds))
             after = _cpu(pids)
+            busy[name] += machine_cpu()[0] - machine
             for key in pids:
                 cpu[name][key] += after[key] - before[key]
     points = []
     for name, runs in slices.items():
         requests = max(sum(r["requests"] for r in runs), 1)
+        wall = sum(r["duration_us"] for r in runs) / 1e6
         points.append({
             "path": name, "connections": spec.connections, "rate": spec.rate,
             "requests": requests,
@@ -217,8 +221,13 @@ def _measure(paths: dict[str, tuple[str, dict[str, int]]], script: Path, spec: S
             "p50_us": statistics.median(r["p50_us"] for r in runs),
             "p99_us": statistics.median(r["p99_us"] for r in runs),
             "slice_p50_us": [r["p50_us"] for r in runs],
-            "rps": requests / (sum(r["duration_us"] for r in runs) / 1e6),
+            "rps": requests / wall,
             "cpu_ms_per_request": {k: 1000 * v / requests for k, v in cpu[name].items()},
+            # cores kept busy by anything but the path's processes and wrk: another
+            # process on this shared machine, the idle paths' polls, unattributed kernel
+            # work (softirq)
+            "background_cores": (busy[name] - sum(cpu[name].values())
+                                 - sum(r["wrk_cpu_s"] for r in runs)) / wall,
         })
     return points
 
@@ -259,21 +268,27 @@ def _halt_poll() -> str:
     return f"guest_halt_poll_ns={ns}" + (" (off)" if ns == 0 else "")
 
 
+def _background(point: dict[str, Any]) -> str:
+    cores = point.get("background_cores")
+    return "" if cores is None else f"{cores:.2f}"
+
+
 def render(doc: dict[str, Any]) -> str:
     lines = [
         "# The global tier's extra hop", "",
         f"{doc['date']}, {doc['cores']} cores, load average {doc['load_average']:.1f}, "
         f"{doc['halt_poll']}; `{doc['command']}`; {doc['duration_s']:g} s per point and path "
         f"in {doc['rounds']} interleaved slices, after a {WARMUP_S:g} s warm-up.",
-        "", "| point | path | p50 ms | p99 ms | req/s | errors | CPU ms/request |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "", "| point | path | p50 ms | p99 ms | req/s | errors | CPU ms/request "
+        "| background cores |", "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for point in doc["points"]:
         cpu = ", ".join(f"{k} {v:.3f}" for k, v in point["cpu_ms_per_request"].items())
         label = Spec(point["connections"], point["rate"]).label
         lines.append(f"| {label} | {point['path']} | {point['p50_us'] / 1000:.2f} "
                      f"| {point['p99_us'] / 1000:.2f} | {point['rps']:.0f} "
-                     f"| {point.get('errors', 0)} | {cpu} |")
+                     f"| {point.get('errors', 0)} | {cpu} "
+                     f"| {_background(point)} |")
     lines += ["", "Each tier's own, each in front of a backend that costs (almost) nothing "
               "(the figure #18 asks for):", "",
               "| point | global own p50 ms (global-standin - standin) | Tier-1 own p50 ms "
