@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "merged into bench/results/replicas-twin.md (+ .json)")
     p.add_argument("--share-scrapes", action="store_true",
                    help="with --twin-replicas: also coordinated replicas sharing scrape results")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="with --family: members run at once in worker processes (default: "
+                        "one per core)")
     p.add_argument("--twin-only", action="store_true",
                    help="with --family: reuse the yardsticks of the previous family.json for "
                         "unchanged plans, run only the twin")
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.family import TWIN_SEEDS, run_family
 
         run_family(args.seed, args.family, args.out or RESULTS, args.twin_only,
-                   args.repeats or TWIN_SEEDS)
+                   args.repeats or TWIN_SEEDS, args.jobs)
         return 0
     if args.smoke:
         names = ["tiny"]

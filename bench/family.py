@@ -33,12 +33,15 @@ reference policy of the replay runs the same warm-up. Family plans run at time_s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -551,19 +554,28 @@ FAMILY_PLOT = "family-ratios.png"
 
 
 def run_family(seed: int, count: int, out: Path, twin_only: bool = False,
-               seeds: int = TWIN_SEEDS) -> dict[str, Any]:
+               seeds: int = TWIN_SEEDS, jobs: int | None = None) -> dict[str, Any]:
     """`igw bench --family N --seed S`: every scenario's row printed as it ends, then the
     aggregate; family.md and family.json written to `out`. `twin_only` reuses the yardsticks
     of a previous family.json for unchanged plans (they do not depend on the gateway);
-    `seeds` twin seeds per member (`twin_seeds`), each figure their median."""
+    `seeds` twin seeds per member (`twin_seeds`), each figure their median; `jobs` members
+    run at once, in worker processes (default: one per core; every member is deterministic
+    on its own, so the rows are the same however many run at once)."""
     cached = _cached_yardsticks(out / "family.json") if twin_only else {}
     started = time.perf_counter()
+    tasks = [(seed, index, seeds, {k: v for k, v in cached.items()
+                                   if k[0] == f"family-{seed}-{index}"}) for index in range(count)]
+    jobs = max(1, jobs or os.cpu_count() or 1)
     rows = []
-    for plan in family(seed, count):
-        hit = cached.get((plan.scenario, fingerprint(plan)))
-        row = run_scenario(plan, hit, twin_seeds(seed, seeds))
-        rows.append(row)
-        print(_line(row), flush=True)
+    with contextlib.ExitStack() as stack:
+        if jobs > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(jobs))
+            results = pool.map(_member_row, tasks)
+        else:
+            results = map(_member_row, tasks)
+        for row in results:
+            rows.append(row)
+            print(_line(row), flush=True)
     doc = {"seed": seed, "count": count, "twin_only": twin_only,
            "seconds": round(time.perf_counter() - started, 1),
            "aggregate": aggregate(rows), "scenarios": rows}
@@ -578,6 +590,15 @@ def run_family(seed: int, count: int, out: Path, twin_only: bool = False,
           f"{agg['vs_best_ttft']['share_within_target']:.0%}; vs round-robin worst "
           f"{agg['vs_round_robin']['worst']}; results: {out / 'family.md'}", flush=True)
     return doc
+
+
+def _member_row(task: tuple[int, int, int, dict[tuple[str, str], Any]]) -> dict[str, Any]:
+    """One member's row, from its seed and index (a worker rebuilds the plan: plans are
+    large, their recipe is two numbers)."""
+    seed, index, seeds, cached = task
+    plan = scenario(seed, index)
+    return run_scenario(plan, cached.get((plan.scenario, fingerprint(plan))),
+                        twin_seeds(seed, seeds))
 
 
 def _cached_yardsticks(path: Path) -> dict[tuple[str, str], dict[str, Any]]:

@@ -174,6 +174,23 @@ def test_a_members_figures_are_the_median_over_the_twins_seeds() -> None:
     assert "seed_spread" not in family.aggregate([one])
 
 
+def test_a_family_run_in_worker_processes_gives_the_same_rows(tmp_path) -> None:
+    yard = {k: {"ttft_p95": 1.0, "ttft_p50": 0.5, "ttft_p99": 2.0, "adapter_loads": 1}
+            for k in family.YARDSTICKS}
+    cached = [{"name": p.scenario, "fingerprint": family.fingerprint(p), "yardsticks": yard}
+              for p in family.family(0, 2)]
+    rows = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        out.mkdir()
+        (out / "family.json").write_bytes(orjson.dumps({"scenarios": cached}))
+        doc = family.run_family(0, 2, out, twin_only=True, seeds=1, jobs=jobs)
+        rows[jobs] = [{k: v for k, v in r.items() if k != "seconds"} for r in doc["scenarios"]]
+    assert [r["name"] for r in rows[1]] == ["family-0-0", "family-0-1"]
+    assert all(r["yardsticks"] == yard for r in rows[1])  # the cached yardsticks were used
+    assert rows[1] == rows[2]
+
+
 def test_report_gains_a_family_section_replaced_on_each_run(tmp_path) -> None:
     rows = [_row(f"family-0-{i}", 1.0 + i / 10, 0.5 + i / 10) for i in range(6)]
     doc = {"seed": 0, "count": 6, "twin_only": True, "seconds": 1.0,
