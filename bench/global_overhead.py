@@ -367,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = [_summary(points, spec) for spec in scripts]
     doc = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m bench.global_overhead " + " ".join(argv or []),
+        "command": " ".join(["python -m bench.global_overhead",
+                             *(sys.argv[1:] if argv is None else argv)]),
         "cores": os.cpu_count(), "load_average": os.getloadavg()[0],
         "halt_poll": _halt_poll(), "duration_s": args.duration, "rounds": args.rounds,
         "points": points, "summary": summary,
