@@ -39,22 +39,36 @@ from bench.echo_server import serve_until_signalled as serve_echo
 from bench.overhead import MODEL
 from contract.headers import LOAD_SUMMARY_PATH
 from igw_envoy.tls import DEFAULT_HOSTS, TlsFiles, ensure_self_signed, generated_files
+from picker.h2_grpc import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    MAX_WINDOW,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY_FLAG,
+    RST_STREAM,
+    SETTINGS,
+    SETTINGS_INITIAL_WINDOW_SIZE,
+    WINDOW_UPDATE,
+    frame,
+)
 
 SUMMARY = LOAD_SUMMARY_PATH.encode()
 JSON = b"application/json"
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-# frame types and flags (RFC 9113 section 6)
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
-    0, 1, 3, 4, 6, 7, 8, 9)
-END_STREAM = ACK = 0x1
-END_HEADERS, PADDED, PRIORITY = 0x4, 0x8, 0x20
-# SETTINGS parameters' identifiers
-HEADER_TABLE_SIZE, INITIAL_WINDOW_SIZE = (1).to_bytes(2, "big"), (4).to_bytes(2, "big")
+# SETTINGS parameters' identifiers, as they go on the wire
+HEADER_TABLE_SIZE = (1).to_bytes(2, "big")
+INITIAL_WINDOW_SIZE = SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big")
 # HPACK's static table (RFC 7541 appendix A): `:method` GET and POST; the request
 # pseudo-headers' names are entries 1-7 (:authority, :method, :path, :scheme)
 STATIC_METHODS = {2: b"GET", 3: b"POST"}
 LAST_PSEUDO = 7
-DEFAULT_WINDOW, MAX_WINDOW = 65535, 2**31 - 1
 
 
 class Summary:
@@ -89,11 +103,6 @@ class RegionH1(EchoProtocol):
         if path == SUMMARY:
             return _response(b"200 OK", self.summary.body(), JSON)
         return super().answer_get(path)
-
-
-def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(
-        4, "big") + payload
 
 
 def _header_block(status: bytes, ctype: bytes, length: int) -> bytes:
@@ -176,9 +185,9 @@ class RegionH2(asyncio.Protocol):
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         transport.write(
-            _frame(SETTINGS, 0, 0, HEADER_TABLE_SIZE + bytes(4)
+            frame(SETTINGS, 0, 0, HEADER_TABLE_SIZE + bytes(4)
                    + INITIAL_WINDOW_SIZE + MAX_WINDOW.to_bytes(4, "big"))
-            + _frame(WINDOW_UPDATE, 0, 0, (MAX_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
+            + frame(WINDOW_UPDATE, 0, 0, (MAX_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf + data
@@ -214,14 +223,14 @@ class RegionH2(asyncio.Protocol):
         if kind == DATA:
             self.unacked += len(payload)
             if self.unacked > MAX_WINDOW // 2:
-                out.append(_frame(WINDOW_UPDATE, 0, 0, self.unacked.to_bytes(4, "big")))
+                out.append(frame(WINDOW_UPDATE, 0, 0, self.unacked.to_bytes(4, "big")))
                 self.unacked = 0
             if flags & END_STREAM:
                 self._answer(stream, out)
         elif kind == HEADERS:
             if flags & PADDED:
                 payload = payload[1:len(payload) - payload[0]]
-            if flags & PRIORITY:
+            if flags & PRIORITY_FLAG:
                 payload = payload[5:]
             self.partial = (stream, flags, payload)
             if flags & END_HEADERS:
@@ -232,9 +241,9 @@ class RegionH2(asyncio.Protocol):
             if flags & END_HEADERS:
                 self._headers_done(out)
         elif kind == SETTINGS and not flags & ACK:
-            out.append(_frame(SETTINGS, ACK, 0))
+            out.append(frame(SETTINGS, ACK, 0))
         elif kind == PING and not flags & ACK:
-            out.append(_frame(PING, ACK, 0, payload))
+            out.append(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
             self.requests.pop(stream, None)
         elif kind == GOAWAY:
@@ -270,8 +279,8 @@ class RegionH2(asyncio.Protocol):
             else:  # what bench.echo_server answers to a GET
                 status, ctype, body = _h2_answer(RESPONSES.get(path, RESPONSES[b"404"]))
             block = _header_block(status, ctype, len(body))
-        out.append(_frame(HEADERS, END_HEADERS, stream, block)
-                   + _frame(DATA, END_STREAM, stream, body))
+        out.append(frame(HEADERS, END_HEADERS, stream, block)
+                   + frame(DATA, END_STREAM, stream, body))
 
 
 class RegionProtocol(asyncio.Protocol):
