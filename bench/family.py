@@ -511,17 +511,21 @@ def aggregate(rows: list[dict[str, Any]], worst: int = 5) -> dict[str, Any]:
 def _seed_spread(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """How far one member's p95 moves with the twin's seed alone (its largest over its
     smallest), over the members run on several; nothing when each ran on one."""
-    spread = np.array([max(p) / min(p) for r in rows
-                       if len(p := [v for v in r["gateway"].get("p95_by_seed", ()) if v]) > 1])
+    seeded = [r for r in rows if "p95_by_seed" in r["gateway"]]
+    spread = np.array([max(known) / min(known) for r in seeded
+                       if len(known := [v for v in r["gateway"]["p95_by_seed"] if v]) > 1])
     if not len(spread):
         return {}
-    within = [r for r in rows if r["gateway"].get("p95_by_seed")]
-    every = sum(1 for r in within if all(
-        v is not None and v <= TARGET_RATIO * r["yardsticks"]["best-ttft"]["ttft_p95"]
-        for v in r["gateway"]["p95_by_seed"]))
-    return {"twin_seeds": within[0]["gateway"]["twin_seeds"],
+    every = sum(1 for r in seeded if _within_on_every_seed(r))
+    return {"twin_seeds": seeded[0]["gateway"]["twin_seeds"],
             "seed_spread": _dist(spread),
-            "share_within_target_every_seed": round(every / len(within), 3)}
+            "share_within_target_every_seed": round(every / len(seeded), 3)}
+
+
+def _within_on_every_seed(row: dict[str, Any]) -> bool:
+    best = row["yardsticks"]["best-ttft"]["ttft_p95"]
+    return best is not None and all(
+        v is not None and v <= TARGET_RATIO * best for v in row["gateway"]["p95_by_seed"])
 
 
 def _dist(values: np.ndarray) -> dict[str, float | None]:
