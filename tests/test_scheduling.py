@@ -13,6 +13,7 @@ from contract.config import MetricsConfig, SaturationConfig, SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling import NoCandidates, Scheduler, SchedulingRequest, build_profile
 from picker.scheduling.context import ScoringContext
+from picker.scheduling.filters import ADAPTER_MEMORY_S
 from picker.scheduling.lora_home import HOME_SLACK_S
 from picker.scheduling.plugins import SCORERS
 from picker.scheduling.profiles import PROFILES, effective_weights
@@ -640,6 +641,28 @@ def test_lora_home_has_no_slack_against_a_free_slot_while_slots_abound():
         pool.adapter_slot(adapter)
     assert set(sched.pick(req(adapter="ad-a"), NOW).rows) == {0, 2}
 
+
+
+def test_adapters_sent_lately_hold_their_slots_where_slots_abound():
+    """The page shows the adapters of running requests only. Where the pool's slots abound,
+    an adapter the gateway sent to a pod lately still holds its slot there, idle or not:
+    loading another would evict it, so the pod has no free slot. Where slots are scarce,
+    evicting an idle adapter is how the pool serves the next one: the pod stays free."""
+    pool = make_pool(3, max_lora=[2, 2, 2])  # 6 slots for 3 adapters (ad-a, ad-b, ad-c)
+    sched = Scheduler(pool, max_fallbacks=2)
+    for adapter in ("ad-b", "ad-c"):  # both of row 0's slots, idle by the scrape
+        sent = req(adapter=adapter)
+        sched.on_dispatch(0, sent, NOW - 5.0)
+        sched.on_complete(0, sent, NOW - 4.0, 1.0, True)
+
+    def no_slot(now: float) -> set[int]:
+        pods = sched.explain(req(adapter="ad-a"), now)["pods"]
+        return {p["row"] for p in pods if p["filtered_reason"] == "lora-no-slot"}
+
+    assert no_slot(NOW) == {0}
+    assert no_slot(NOW + ADAPTER_MEMORY_S) == set()  # long unused: no longer counted
+    pool.adapter_slot("ad-d")  # 4 adapters for 6 slots: scarce
+    assert no_slot(NOW) == set()
 
 # -- picking --------------------------------------------------------------------------
 

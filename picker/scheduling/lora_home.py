@@ -21,7 +21,7 @@ within 1.5x of adapter-affine's 49 % -> 59 %; slacks of 0.1 s and 0.5 s did wors
 
 The slack is what a spill may cost in churn: the adapter it evicts, or the slot a later
 adapter without a home then waits for. Where the pool's slots are plenty for its adapters
-(at least SPARE_SLOTS_PER_ADAPTER each, `_slots_abound`), a pod with a free slot churns
+(at least SPARE_SLOTS_PER_ADAPTER each, `filters.slots_abound`), a pod with a free slot churns
 nothing, so against those the home gets no slack: only the load, which the predicted TTFT
 already holds. A quarter second was a dozen first tokens of a small model on fast GPUs:
 family-1-42 (a 3B model with 6 adapters and 3 slots on 7 pods, L4 + H100 + L40S) kept its
@@ -38,7 +38,7 @@ from typing import ClassVar
 import numpy as np
 
 from picker.scheduling.context import ScoringContext
-from picker.scheduling.filters import adapter_capacity, lora_state
+from picker.scheduling.filters import lora_state, slots_abound
 from picker.scheduling.plugins import FILTERS
 from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, cached_ttft
 
@@ -46,8 +46,6 @@ from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, cached_ttf
 # adapter than at the fastest candidate (seconds): about one A10G prefill of a median
 # chat prompt, the adapter-affine yardstick's slack.
 HOME_SLACK_S = 0.25
-# Adapter slots in the pool per adapter it serves, at least, for a free slot to cost no churn.
-SPARE_SLOTS_PER_ADAPTER = 2.0
 
 
 @FILTERS.register
@@ -68,16 +66,9 @@ class LoraHome:
         ttft = cached_ttft(ctx, DEFAULT_BATCH_CAPACITY)
         limit = ttft.min() + HOME_SLACK_S
         spare = free & ~home
-        if spare.any() and _slots_abound(ctx):
+        if spare.any() and slots_abound(ctx):
             limit = min(limit, float(ttft[spare].min()))
         if ttft[home].min() <= limit:
             return home
         return np.ones(n, dtype=bool)
 
-
-def _slots_abound(ctx: ScoringContext) -> bool:
-    """The pool's adapter slots (`adapter_capacity` of every pod) number
-    SPARE_SLOTS_PER_ADAPTER per adapter it knows, or more."""
-    valid = ctx.table.valid
-    slots = adapter_capacity(ctx.table.max_lora[valid], ctx.state.adapter_slots[valid]).sum()
-    return float(slots) >= SPARE_SLOTS_PER_ADAPTER * len(ctx.pool.adapter_index)
