@@ -9,6 +9,8 @@ view costs nothing. Scorers must treat columns as read-only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from picker.datastore import PodTable, Pool
@@ -65,6 +67,14 @@ class ScoringContext:
         values = self._cols.get(name)
         if values is None:
             values = self._cols[name] = getattr(self.table, name)[self.index]
+        return values
+
+    def derived(self, key: str, compute: Callable[[ScoringContext], np.ndarray]) -> np.ndarray:
+        """`compute(self)` once per candidate set (a filter's narrowing drops it), for a
+        value several filters and scorers derive alike from the candidates' rows."""
+        values = self._cols.get(key)
+        if values is None:
+            values = self._cols[key] = compute(self)
         return values
 
     def queue_depth(self) -> np.ndarray:

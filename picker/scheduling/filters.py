@@ -133,10 +133,7 @@ def lora_state(ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     capacity = adapter_capacity(max_lora, ctx.state.adapter_slots[ctx.index])
     resident = table.lora_running[ctx.index, slot] | _recently_sent(ctx, slot, capacity)
     waiting = table.lora_waiting[ctx.index, slot]
-    held = table.lora_running[ctx.index]
-    if slots_abound(ctx):
-        held = held | _remembered(ctx)
-    free = np.count_nonzero(held, axis=1) < max_lora
+    free = ctx.derived("_adapters_held", _adapters_held) < max_lora
     if unknown.any():
         resident, free = _unknown_slots(ctx, slot, unknown, resident, free)
     return resident, waiting, free
@@ -176,12 +173,16 @@ def slots_abound(ctx: ScoringContext) -> bool:
     return float(slots) >= SPARE_SLOTS_PER_ADAPTER * len(ctx.pool.adapter_index)
 
 
-def _remembered(ctx: ScoringContext) -> np.ndarray:
-    """Per candidate and adapter: sent there within ADAPTER_MEMORY_S. Such an adapter,
-    idle now, still holds a slot: engines keep adapters resident until a load needs the
+def _adapters_held(ctx: ScoringContext) -> np.ndarray:
+    """Adapters holding a slot on each candidate: those of its running requests and, where
+    the pool's slots abound, those sent there within ADAPTER_MEMORY_S. Such an adapter,
+    idle now, still holds its slot: engines keep adapters resident until a load needs the
     slot, and a vLLM page shows only the adapters of running and waiting requests."""
-    sent = ctx.state.adapter_sent[ctx.index]
-    return (sent > ctx.now - ADAPTER_MEMORY_S) & (sent > 0)
+    held = ctx.table.lora_running[ctx.index]
+    if slots_abound(ctx):
+        sent = ctx.state.adapter_sent[ctx.index]
+        held = held | ((sent > ctx.now - ADAPTER_MEMORY_S) & (sent > 0))
+    return np.count_nonzero(held, axis=1)
 
 
 def _recently_sent(ctx: ScoringContext, slot: int, capacity: np.ndarray) -> np.ndarray:
