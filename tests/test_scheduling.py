@@ -642,7 +642,6 @@ def test_lora_home_has_no_slack_against_a_free_slot_while_slots_abound():
     assert set(sched.pick(req(adapter="ad-a"), NOW).rows) == {0, 2}
 
 
-
 def test_adapters_sent_lately_hold_their_slots_where_slots_abound():
     """The page shows the adapters of running requests only. Where the pool's slots abound,
     an adapter the gateway sent to a pod lately still holds its slot there, idle or not:
@@ -663,6 +662,7 @@ def test_adapters_sent_lately_hold_their_slots_where_slots_abound():
     assert no_slot(NOW + ADAPTER_MEMORY_S) == set()  # long unused: no longer counted
     pool.adapter_slot("ad-d")  # 4 adapters for 6 slots: scarce
     assert no_slot(NOW) == set()
+
 
 # -- picking --------------------------------------------------------------------------
 

@@ -180,9 +180,14 @@ def _adapters_held(ctx: ScoringContext) -> np.ndarray:
     slot, and a vLLM page shows only the adapters of running and waiting requests."""
     held = ctx.table.lora_running[ctx.index]
     if slots_abound(ctx):
-        sent = ctx.state.adapter_sent[ctx.index]
-        held = held | ((sent > ctx.now - ADAPTER_MEMORY_S) & (sent > 0))
+        held = held | _sent_lately(ctx.state.adapter_sent[ctx.index], ctx.now)
     return np.count_nonzero(held, axis=1)
+
+
+def _sent_lately(sent: np.ndarray, now: float) -> np.ndarray:
+    """Where `sent` (a time of the gateway's last send, 0 for never) is within
+    ADAPTER_MEMORY_S of `now`: the adapter is assumed still resident there."""
+    return (sent > now - ADAPTER_MEMORY_S) & (sent > 0)
 
 
 def _recently_sent(ctx: ScoringContext, slot: int, capacity: np.ndarray) -> np.ndarray:
@@ -192,7 +197,7 @@ def _recently_sent(ctx: ScoringContext, slot: int, capacity: np.ndarray) -> np.n
     sent = ctx.state.adapter_sent[ctx.index]
     mine = sent[:, slot]
     newer = np.count_nonzero(sent > mine[:, None], axis=1)
-    return (mine > ctx.now - ADAPTER_MEMORY_S) & (mine > 0) & (newer < capacity)
+    return _sent_lately(mine, ctx.now) & (newer < capacity)
 
 
 @FILTERS.register
