@@ -29,8 +29,11 @@ from contract.config import SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling import Scheduler, SchedulingRequest
 from picker.scheduling.prefix_index import PrefixIndex
+from picker.scheduling.profiles import PROFILES
 from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, NEAR_BEST
 from picker.scheduling.state import DEFAULT_OUTPUT_TOKENS, SPEED_CLASS_RATIO
+
+PREFIX_TTFT_RATIO = PROFILES["llm-d"].params["prefix"]["max_ttft_ratio"]
 
 SIZES = (10, 100, 1_000, 10_000)
 PROMPT_BLOCKS = 128  # 2,048 tokens × 4 chars / 64-char blocks
@@ -189,7 +192,8 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
     lru = [0.0] * len(cands) if hit else _minmax_inv([d["last_picked_at"][r] for r in cands])
     scores = {
         "predictedLatency": latency,
-        "prefix": frac if hit else [0.0] * len(cands),
+        "prefix": [f * (x >= 1.0 / PREFIX_TTFT_RATIO) for f, x in zip(frac, latency, strict=True)]
+        if hit else [0.0] * len(cands),
         "queue": [s * g for s, g in zip(_minmax_inv(queue), near, strict=True)],
         "kvCache": kv,
         "loraAffinity": [1.0] * len(cands),

@@ -965,6 +965,51 @@ def test_requests_a_page_without_prefill_clock_does_not_show_running_count_as_wo
     assert predicted_ttft(ctx, 256.0)[1] == pytest.approx(0.61)
 
 
+def test_a_page_without_prefill_clock_is_busy_through_the_uncached_prompts_sent_to_it():
+    """SGLang's gauges do not show a prefill in progress: a cold prompt sent to a pod holds
+    it for its uncached tokens at the uncached speed (counted speed 60k tokens/s with 4/5 of
+    the prompts expected cached: 12k), and the latency model waits that long there. A page
+    with a prompt counter has its backlog and no such clock."""
+    pool = make_pool(3, prefill_tps=[60_000] * 3, decode_step_s=[0.01] * 3)
+    sched = Scheduler(pool, max_fallbacks=0)
+    for row in range(3):
+        _scrape(pool, row, NOW, math.nan if row < 2 else 0.0)
+    sched.state.cached_share[:3] = 0.8
+    sched.state.speeds(NOW)
+    cold = req(prompt=2_400)
+    sched.on_dispatch(0, cold, NOW)
+    sched.on_dispatch(2, cold, NOW)
+    pool.table.running[[0, 2]] = 1.0  # the scrape shows it running: nothing waits
+    for row in range(3):
+        _scrape(pool, row, NOW + 0.01, math.nan if row < 2 else 2_400.0)
+    ctx = ScoringContext(pool, sched.state, req(prompt=120), np.arange(3), NOW + 0.01)
+    wait, speed = sched.state.blind_prefill(ctx.index, NOW + 0.01)
+    assert speed.tolist() == pytest.approx([12_000, 12_000, 0])
+    assert wait.tolist() == pytest.approx([0.19, 0.0, 0.0])  # 2,400 / 12,000 s from NOW
+    ttft = predicted_ttft(ctx, 256.0)
+    # blind pods: the clock, then 120 tokens at 12k; the counted pod: 120 / 60k (+ step)
+    assert ttft.tolist() == pytest.approx([0.19 + 0.01 + 0.01, 0.01 + 0.01, 0.002 + 0.01])
+    assert sched.pick(req(prompt=120), NOW + 0.01).rows[0] != 0
+    sched.state.speeds(NOW + 0.3)
+    assert sched.state.blind_prefill(slice(0, 3), NOW + 0.3)[0].tolist() == [0.0] * 3
+
+
+def test_prefix_affinity_votes_only_within_its_ttft_ratio_of_the_best():
+    pool = make_pool(2, prefill_tps=[10_000] * 2, decode_step_s=[0.01] * 2, waiting=[0, 0])
+    sched = Scheduler(pool)
+    blocks = list(range(1, 11))
+    sched.on_dispatch(0, req(prompt=1_000, blocks=blocks), NOW)
+    pool.mark_scrape(0, True, NOW)
+    request = req(prompt=1_000, blocks=blocks)
+    assert scores(pool, "prefix", request, sched) == [1.0, 0.0]
+    assert scores(pool, "prefix", request, sched, max_ttft_ratio=4.0) == [1.0, 0.0]
+    sched.state.mean_prompt = 1_000.0
+    pool.table.waiting[0] = 5  # 5,000 tokens ahead: 0.51 s against 0.11 s, over 4x
+    assert scores(pool, "prefix", request, sched) == [1.0, 0.0]
+    assert scores(pool, "prefix", request, sched, max_ttft_ratio=4.0) == [0.0, 0.0]
+    assert PROFILES["llm-d"].params["prefix"] == {"max_ttft_ratio": 4.0}
+
+
 def test_prefill_backlog_work_leaves_out_the_expected_cache_hits():
     pool = make_pool(1)
     sched = Scheduler(pool)

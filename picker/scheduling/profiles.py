@@ -51,7 +51,8 @@ class ProfileSpec:
 
 
 PROFILES: dict[str, ProfileSpec] = {
-    # Ours: expected TTFT leads; prefix keeps caches warm beyond this request;
+    # Ours: expected TTFT leads; prefix keeps caches warm beyond this request (on pods
+    # within 4x the best predicted TTFT);
     # queue and KV (with the in-flight correction) guard against what the TTFT
     # model cannot see (preemption under KV pressure); LoRA affinity avoids
     # adapter swaps; lru and running requests break near-ties towards spreading.
@@ -66,6 +67,7 @@ PROFILES: dict[str, ProfileSpec] = {
             "lru": 0.5,
         },
         params={
+            "prefix": {"max_ttft_ratio": 4.0},
             "queue": {"latency_gated": True},
             "runningRequests": {"latency_gated": True},
             "lru": {"latency_gated": True},

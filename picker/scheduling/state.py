@@ -94,6 +94,11 @@ class PoolState:
         # EWMA of the prompt fraction each row was expected to have cached: the backlog
         # counts whole prompts (as the engine's counter does), its work is the rest.
         self.cached_share = np.zeros(0)
+        # Where the page has no prefill clock (SGLang, TensorRT-LLM: no prompt counter that
+        # grows as prefills end), when each row would be through the uncached prompts the
+        # gateway sent it, at its learned uncached speed, if it did nothing but prefill them
+        # (`blind_prefill`); 0 until a send with a learned speed.
+        self.prefill_due = np.zeros(0)
         # When the gateway last sent each adapter to each pod: engines keep recently
         # used adapters resident, but vLLM's metrics only show adapters of *running*
         # requests, so an idle resident adapter is visible only from here.
@@ -134,6 +139,9 @@ class PoolState:
         self._speed_at = -math.inf
         self._speed_version = -1
         self._speed: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
+        # Each row's learned uncached prefill speed where its page has no prefill clock, else
+        # 0; rebuilt with `_speed` (`blind_prefill`).
+        self._blind_tps = np.zeros(0)
         # What an untried idle pod is given per row (`probe_speeds`), rebuilt with `_speed`;
         # None while no pod's speed is known.
         self._probe: tuple[np.ndarray, np.ndarray] | None = None
@@ -215,6 +223,10 @@ class PoolState:
             self.prefill_backlog()  # fold that scrape before counting tokens it cannot show
         self.sent_tokens[row] += prompt
         self.cached_share[row] = _ewma_share(self.cached_share[row], cached)
+        speed = self._blind_tps[row] if row < len(self._blind_tps) else 0.0
+        if speed > 0:
+            due = max(float(self.prefill_due[row]), now)
+            self.prefill_due[row] = due + prompt * (1.0 - cached) / speed
         if self.since_stamp[row] != t.scraped_at[row]:
             self.since_stamp[row] = t.scraped_at[row]
             self.since_tokens[row] = 0.0
@@ -560,6 +572,31 @@ class PoolState:
         unseen = np.maximum(t.inflight[index] - t.dispatched[index] - t.running[index], 0.0)
         return np.where(blind, unseen * prompt, 0.0) * (1.0 - self.cached_share[index])
 
+    def blind_prefill(self, index: slice | np.ndarray, now: float
+                      ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(seconds until the row is through the gateway's sends, learned uncached prefill
+        speed) for rows `index` whose page has no prefill clock, 0 and 0 elsewhere; None when
+        none of them has one with a learned speed. Read after `speeds(now)`, which rebuilds
+        the speeds it uses.
+
+        On such a page nothing shows a prefill in progress: SGLang's gauges are as it set
+        them at its last prefill batch, so a cold prompt being prefilled, and every request
+        sent while it is, are in neither of them. One cold 2,500-token prompt held an H200
+        for 0.2 s while the gateway, seeing a short queue and counting in tokens of its
+        counted speed (hot prefixes included, 6x the uncached one), sent it twelve more
+        (family-0-43: SGLang, system prompts on 92 % of the requests; the p95 tail). The
+        gateway knows what it sent and how much of each prompt it expected cached: this
+        clock runs through those uncached tokens at the pod's uncached speed. It misses
+        decode steps between prefills, so it is early, the safe side for a floor under the
+        latency model's wait (`predictedLatency`). Not where the engine counts its prefills
+        (vLLM): the prefill backlog is exact there, and this clock, at a speed learned under
+        the batch-mates' prefills (slower than the GPU), ran late and cost the published
+        uniform, prefix and LoRA scenarios 10-40 % (docs/benchmarks.md)."""
+        speed = self._blind_tps[index]
+        if not speed.any():
+            return None
+        return np.maximum(self.prefill_due[index] - now, 0.0), speed
+
     def prompt_estimate(self, req: SchedulingRequest) -> float:
         """Mean prompt size of recent requests (this one's until any was seen)."""
         if self.mean_prompt > 0:
@@ -602,6 +639,7 @@ class PoolState:
                        ref_tps / slowness)
         tps = speed_classes(tps, np.flatnonzero(valid))
         step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
+        self._blind_tps = np.where(learned & np.isnan(t.prompt_tokens_total), uncached, 0.0)
         self._speed = (tps, step)
         self._probe = self._probe_guess(tps, step, valid)
         self._speed_at = now
@@ -765,7 +803,7 @@ _ROW_ARRAYS = (
     "since_tokens", "since_stamp", "spt", "spot", "slots", "slot_stamp", "slot_running",
     "slot_steps",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
-    "prefill_floor", "adapter_slots", "recent_next",
+    "prefill_floor", "adapter_slots", "recent_next", "prefill_due",
 )
 _ROW_MATRICES = (("adapter_sent", MAX_ADAPTERS), ("adapter_inflight", MAX_ADAPTERS),
                  ("adapter_local", MAX_ADAPTERS),

@@ -6,7 +6,10 @@ Per candidate pod i, in seconds:
               + prompt tokens the gateway sent since i's last scrape
     own_i     = prompt_tokens × (1 − prefix match fraction_i)      (uncached part only)
     slots_i   = max(0, running_i + waiting_i + dispatched_i + 1 − batch_capacity)
-    ttft_i    = (queued_i + own_i) / prefill_tps_i                  prefill work ahead + ours
+    ttft_i    = (queued_i + own_i) / prefill_tps_i                  prefill work ahead + ours,
+                at least  due_i + own_i / uncached_tps_i   where the page has no prefill
+                          clock (SGLang): due_i is when the pod is through the uncached
+                          prompts the gateway sent it (`PoolState.blind_prefill`)
               + slots_i × mean_output × decode_step_i / batch_capacity   wait for a batch slot
               + decode_step_i                                       the first step itself
               + max(0, iteration_i − decode_step_i)   a busy engine's longer steps, where
@@ -108,11 +111,16 @@ def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
         work += since
     own = float(max(req.prompt_tokens, 0))
     matched = ctx.prefix_matched()
-    if matched is None:
-        work += own
-    else:
-        work += own - matched * (own / len(ctx.hashes))
+    own_work = own if matched is None else own - matched * (own / len(ctx.hashes))
+    work += own_work
     ttft = work / tps
+    # Where the page has no prefill clock, no sooner than the pod can be through what the
+    # gateway sent it, and then ours, in uncached tokens at the uncached speed.
+    blind = state.blind_prefill(ctx.index, ctx.now)
+    if blind is not None:
+        wait, uncached_tps = blind
+        fluid = wait + own_work / np.where(uncached_tps > 0, uncached_tps, 1.0)
+        ttft = np.where(uncached_tps > 0, np.maximum(ttft, fluid), ttft)
     ttft += step
     # Where the page shows its step lengths (TensorRT-LLM: no token counter, so no backlog):
     # the next step is as long as the recent ones, prefill of what it admitted included;
