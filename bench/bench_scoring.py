@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from contract.config import SchedulerConfig
+from contract.config import SaturationConfig, SchedulerConfig
 from picker.datastore import Pool
 from picker.scheduling import Scheduler, SchedulingRequest
 from picker.scheduling.prefix_index import PrefixIndex
@@ -40,6 +40,8 @@ PROMPT_BLOCKS = 128  # 2,048 tokens × 4 chars / 64-char blocks
 SYSTEM_BLOCKS = 32
 SYSTEM_PROMPTS = 32
 RESULTS = Path(__file__).parent / "results" / "scoring.md"
+ADAPTERS = 8  # the adapter column's pool: 8 adapters on 2 slots per pod
+ADAPTER_SLOTS = 2
 
 
 # -- the workload ----------------------------------------------------------------------
@@ -51,9 +53,18 @@ def chain(seed: int, n: int, parent: list[int] | None = None) -> list[int]:
     return [*(parent or []), *rng.integers(1, 2**63, n).tolist()]
 
 
-def build_pool(n: int, seed: int = 7) -> tuple[Pool, Scheduler, SchedulingRequest, float]:
+def build_pool(n: int, seed: int = 7, adapters: int = 0,
+               prefill_clock: bool = True) -> tuple[Pool, Scheduler, SchedulingRequest, float]:
+    """The pool and request every column is timed on. `adapters` > 0: the pool serves
+    that many LoRA adapters (vLLM pages, `ADAPTER_SLOTS` each, a random one running on
+    each pod) and the request asks for the first; `prefill_clock=False`: the pages have no
+    prompt counter (SGLang: the latency model's prefill-due floor is computed)."""
     endpoints = tuple(f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}:8000" for i in range(n))
-    pool = Pool(SchedulerConfig(name="bench", model_name="m", endpoints=endpoints))
+    names = tuple(f"adapter-{a}" for a in range(adapters))
+    # no flow control: the pure-Python twin has none, and its room filter would drop pods
+    pool = Pool(SchedulerConfig(name="bench", model_name="m", endpoints=endpoints,
+                                lora_adapters=names,
+                                saturation=SaturationConfig(max_start_delay_s=0.0)))
     pool.set_members(endpoints)
     rng = np.random.default_rng(seed)
     now = 1000.0
@@ -69,6 +80,11 @@ def build_pool(n: int, seed: int = 7) -> tuple[Pool, Scheduler, SchedulingReques
     t.prefill_tps[:n][unknown] = 0.0
     t.decode_step_s[:n][unknown] = 0.0
     t.ready[rng.integers(0, n, max(1, n // 50))] = False
+    if not prefill_clock:
+        t.prompt_tokens_total[:n] = np.nan
+    if adapters:
+        t.max_lora[:n] = ADAPTER_SLOTS
+        t.lora_running[np.arange(n), rng.integers(0, adapters, n)] = True
     sched = Scheduler(pool, max_fallbacks=2, rng=np.random.default_rng(seed))
     systems = [chain(1000 + s, SYSTEM_BLOCKS) for s in range(SYSTEM_PROMPTS)]
     past = min(20 * n, 20_000)
@@ -85,7 +101,8 @@ def build_pool(n: int, seed: int = 7) -> tuple[Pool, Scheduler, SchedulingReques
         pool.mark_scrape(row, True, now - rng.uniform(0, 0.05))  # scrapes after that traffic
     t.ready[n // 2] = True
     prompt = chain(99_999, PROMPT_BLOCKS - len(history), history)
-    request = SchedulingRequest("m", None, 2048, 256, np.array(prompt, np.uint64))
+    adapter = names[0] if names else None
+    request = SchedulingRequest("m", adapter, 2048, 256, np.array(prompt, np.uint64))
     return pool, sched, request, now
 
 
@@ -233,6 +250,13 @@ def prefix_memory(blocks_per_pod: int = 31_250, pods: int = 4) -> float:
     return used / len(index)
 
 
+def _timed_pick(built: tuple[Pool, Scheduler, SchedulingRequest, float], calls: int,
+                quick: bool) -> float:
+    """Best-of-repeats seconds per `pick` on a `build_pool` variant."""
+    _, sched, req, now = built
+    return best_per_call(partial(sched.pick, req, now), calls, 4 if quick else 9)
+
+
 def run(quick: bool = False) -> str:
     rows = []
     for n in SIZES:
@@ -253,9 +277,13 @@ def run(quick: bool = False) -> str:
         ours = best_per_call(partial(sched.pick, req, now), calls, 4 if quick else 9)
         py_calls = max(2, int(2_000 / n) // (2 if quick else 1))
         python = best_per_call(partial(_python_score, inputs, req, now), py_calls, 3)
-        rows.append((n, ours, python, same_pick and same_scores, matched))
+        variants = [_timed_pick(build_pool(n, adapters=ADAPTERS), calls, quick),
+                    _timed_pick(build_pool(n, prefill_clock=False), calls, quick)]
+        rows.append((n, ours, python, same_pick and same_scores, matched, *variants))
         print(f"{n:>6} pods: {ours * 1e6:8.1f} µs vs {python * 1e6:10.1f} µs python "
-              f"({python / ours:5.1f}×) same={same_pick and same_scores}", file=sys.stderr)
+              f"({python / ours:5.1f}×) same={same_pick and same_scores}; adapter "
+              f"{variants[0] * 1e6:.1f} µs, no prefill clock {variants[1] * 1e6:.1f} µs",
+              file=sys.stderr)
     per_entry = prefix_memory(8_000 if quick else 31_250)
     lines = [
         "# Scoring benchmark (`python -m bench.bench_scoring`)",
@@ -265,15 +293,21 @@ def run(quick: bool = False) -> str:
         f"({PROMPT_BLOCKS} blocks) continuing a conversation one pod served, over a prefix index",
         "filled by simulated traffic (32 shared system prompts, up to 20,000 past requests).",
         "Best-of-repeats per pick on this machine; pure Python = same scores with per-pod loops.",
+        f"Beside it, the same pick for a LoRA adapter's request ({ADAPTERS} adapters on"
+        f" {ADAPTER_SLOTS} slots per pod:",
+        "the `lora` and `lora-home` filters and the adapter terms run) and on pages without a",
+        "prefill clock (SGLang: the prefill-due floor runs), each as a ratio to the first column.",
         "",
         "| pods | vectorized (µs/pick) | pure Python (µs/pick) | speed-up | same pick & scores |"
-        " conversation pod's match |",
-        "| ---: | ---: | ---: | ---: | :---: | ---: |",
+        " conversation pod's match | adapter request | no prefill clock |",
+        "| ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: |",
     ]
-    for n, ours, python, same, matched in rows:
+    for n, ours, python, same, matched, adapter, blind in rows:
         lines.append(
             f"| {n:,} | {ours * 1e6:.1f} | {python * 1e6:,.0f} | {python / ours:.0f}× | "
-            f"{'yes' if same else 'NO'} | {matched}/{PROMPT_BLOCKS} blocks |"
+            f"{'yes' if same else 'NO'} | {matched}/{PROMPT_BLOCKS} blocks | "
+            f"{adapter * 1e6:.1f} ({adapter / ours:.2f}×) | "
+            f"{blind * 1e6:.1f} ({blind / ours:.2f}×) |"
         )
     lines += [
         "",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -883,8 +882,6 @@ def test_vectorized_scores_equal_the_pure_python_twin(n):
     from bench.bench_scoring import _python_inputs, _python_score, build_pool
 
     pool, sched, request, now = build_pool(n, seed=n)
-    # the twin scores; it has no flow control (whose room filter would drop pods here)
-    pool.config = replace(pool.config, saturation=SaturationConfig(max_start_delay_s=0.0))
     pool.table.dispatched[: n // 2] = 1  # exercise the since-scrape path too
     sched.state.since_tokens[: n // 2] = 300
     sched.state.since_stamp[:n] = pool.table.scraped_at[:n]
