@@ -31,7 +31,11 @@ from picker.scheduling import Scheduler, SchedulingRequest
 from picker.scheduling.prefix_index import PrefixIndex
 from picker.scheduling.profiles import PROFILES
 from picker.scheduling.scorers.latency import DEFAULT_BATCH_CAPACITY, NEAR_BEST
-from picker.scheduling.state import DEFAULT_OUTPUT_TOKENS, SPEED_CLASS_RATIO
+from picker.scheduling.state import (
+    DEFAULT_OUTPUT_TOKENS,
+    PROBE_AFTER_KNOWN,
+    SPEED_CLASS_RATIO,
+)
 
 PREFIX_TTFT_RATIO = PROFILES["llm-d"].params["prefix"]["max_ttft_ratio"]
 
@@ -126,7 +130,8 @@ def _python_inputs(pool: Pool, sched: Scheduler) -> dict:
     state = sched.state
     lru_sets = {row: set(state.prefix._lru.get(row, ())) for row in range(n)}
     cols = ("valid", "ready", "draining", "metrics_ok", "scraped_at", "waiting", "running",
-            "kv_usage", "prefill_tps", "decode_step_s", "dispatched", "last_picked_at")
+            "kv_usage", "prefill_tps", "decode_step_s", "dispatched", "last_picked_at",
+            "inflight")
     data = {c: getattr(t, c)[:n].tolist() for c in cols}
     data.update(
         n=n, sets=lru_sets, since=state.since_tokens[:n].tolist(), spt=state.spt[:n].tolist(),
@@ -187,6 +192,15 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
         r: d["prefill_tps"][r] if d["prefill_tps"][r] > 0 else ref_tps / _slow(d, r, ref_spt)
         for r in valid_rows
     })
+    step_of = {r: d["decode_step_s"][r] if d["decode_step_s"][r] > 0
+               else ref_step * _slow(d, r, ref_spt) for r in valid_rows}
+    # an untried idle pod is probed at the fastest known speeds (PoolState.probe_speeds;
+    # no KV capacities here, so no twins), once enough of the pool is known
+    known = {r for r in valid_rows if d["prefill_tps"][r] > 0 or d["spt"][r] > 0}
+    probe = bool(known) and len(known) >= PROBE_AFTER_KNOWN * len(valid_rows)
+    if probe:
+        guess_tps = max(tps_of[k] for k in known)
+        guess_step = min(step_of[k] for k in known)
     queue, running, kv, ttft = [], [], [], []
     cap = float(DEFAULT_BATCH_CAPACITY)
     for i, r in enumerate(cands):
@@ -195,9 +209,9 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
         queue.append(q)
         running.append(d["running"][r] + disp)
         kv.append(min(1.0, max(0.0, 1.0 - d["kv_usage"][r])))
-        slow = _slow(d, r, ref_spt)
-        tps = tps_of[r]
-        step = d["decode_step_s"][r] if d["decode_step_s"][r] > 0 else ref_step * slow
+        tps, step = tps_of[r], step_of[r]
+        if probe and r not in known and d["inflight"][r] <= 0:
+            tps, step = guess_tps, guess_step
         since = d["since"][r] if disp > 0 else 0.0
         ahead = max(d["waiting"][r] * d["mean_prompt"], d["backlog"][r])
         work = ahead + since + req.prompt_tokens * (1 - frac[i])
@@ -271,8 +285,9 @@ def run(quick: bool = False) -> str:
             for r, v in zip(sorted(ours_totals), py_totals, strict=True)
         )
         same_pick = pick.rows[0] == py_row or math.isclose(pick.scores[0], max(py_totals))
-        served = next(p for p in explain["pods"] if p["row"] == n // 2)
-        matched = round(served["scores"].get("prefix", 0) * PROMPT_BLOCKS)
+        # from the index (the prefix score is 0 where the pod is predicted past 4x the best)
+        blocks = sched.state.prefix.match(req.prefix_hashes.tolist(), pool.table.capacity)
+        matched = 0 if blocks is None else int(blocks[n // 2])
         calls = max(20, int(20_000 / math.sqrt(n))) // (4 if quick else 1)
         ours = best_per_call(partial(sched.pick, req, now), calls, 4 if quick else 9)
         py_calls = max(2, int(2_000 / n) // (2 if quick else 1))

@@ -115,14 +115,22 @@ def lora_state(ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     slot sent requests only to their adapters' homes, however slow (family-0-85, one
     slot on each of 5 pods, 25 adapters: 1.04 -> 2.64x best-ttft).
     """
-    adapter = ctx.req.adapter
-    if adapter is None:
+    if ctx.req.adapter is None:
         return None
+    resident, waiting, free = ctx.derived("_lora_state", _lora_state)
+    return resident, waiting, free
+
+
+def _lora_state(ctx: ScoringContext) -> np.ndarray:
+    """`lora_state` of an adapter request as one (3, candidates) array, computed once per
+    candidate set: the `lora` and `lora-home` filters, `loraAffinity` and the latency model
+    all ask, and each asking anew cost an adapter request's pick 6x a base-model one's at
+    1,000 pods (bench/results/scoring.md)."""
     n = len(ctx.rows)
-    slot = ctx.pool.adapter_index.get(adapter)
+    slot = ctx.pool.adapter_index.get(ctx.req.adapter)
     if slot is None:
         none = np.zeros(n, dtype=bool)
-        return none, none, np.ones(n, dtype=bool)
+        return np.stack((none, none, np.ones(n, dtype=bool)))
     table = ctx.table
     max_lora = ctx.col("max_lora")
     unknown = max_lora <= 0
@@ -136,7 +144,7 @@ def lora_state(ctx: ScoringContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     free = ctx.derived("_adapters_held", _adapters_held) < max_lora
     if unknown.any():
         resident, free = _unknown_slots(ctx, slot, unknown, resident, free)
-    return resident, waiting, free
+    return np.stack((resident, waiting, free))
 
 
 def adapter_capacity(max_lora: np.ndarray, proved: np.ndarray) -> np.ndarray:
