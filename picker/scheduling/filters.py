@@ -164,7 +164,7 @@ def _unknown_slots(ctx: ScoringContext, slot: int, unknown: np.ndarray, resident
     slots two running adapters kept busy, where it waited seconds for one (family-0-97,
     SGLang 0.4, 18 adapters on 11 pods of 2 slots: TTFT p95 11.2 s against
     adapter-affine's 0.1 s, 91 adapter loads against 5)."""
-    inflight = ctx.state.adapter_inflight[ctx.index]
+    inflight = ctx.state.adapter_inflight[ctx.index, _known(ctx)]
     mine = inflight[:, slot] > 0
     others = np.count_nonzero(inflight, axis=1) - mine
     resident = np.where(unknown, resident | mine, resident)
@@ -186,10 +186,18 @@ def _adapters_held(ctx: ScoringContext) -> np.ndarray:
     the pool's slots abound, those sent there within ADAPTER_MEMORY_S. Such an adapter,
     idle now, still holds its slot: engines keep adapters resident until a load needs the
     slot, and a vLLM page shows only the adapters of running and waiting requests."""
-    held = ctx.table.lora_running[ctx.index]
+    held = ctx.table.lora_running[ctx.index, _known(ctx)]
     if slots_abound(ctx):
-        held = held | _sent_lately(ctx.state.adapter_sent[ctx.index], ctx.now)
+        held = held | _sent_lately(ctx.state.adapter_sent[ctx.index, _known(ctx)], ctx.now)
     return np.count_nonzero(held, axis=1)
+
+
+def _known(ctx: ScoringContext) -> slice:
+    """The LoRA matrices' columns of the adapters the pool knows: they take columns in
+    order (`Pool.adapter_slot`) and the rest stay empty, so comparisons over all
+    MAX_ADAPTERS columns cost an adapter request's pick 3.6x a base-model one's at 1,000
+    pods for a pool of 8 adapters (bench/results/scoring.md)."""
+    return slice(0, len(ctx.pool.adapter_index))
 
 
 def _sent_lately(sent: np.ndarray, now: float) -> np.ndarray:
@@ -202,7 +210,7 @@ def _recently_sent(ctx: ScoringContext, slot: int, capacity: np.ndarray) -> np.n
     """Pods the gateway sent this adapter to lately, where it is still among the
     `capacity` (`adapter_capacity`) most recently sent adapters (engines evict adapters
     LRU)."""
-    sent = ctx.state.adapter_sent[ctx.index]
+    sent = ctx.state.adapter_sent[ctx.index, _known(ctx)]
     mine = sent[:, slot]
     newer = np.count_nonzero(sent > mine[:, None], axis=1)
     return _sent_lately(mine, ctx.now) & (newer < capacity)
