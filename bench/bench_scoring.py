@@ -289,7 +289,7 @@ def run(quick: bool = False) -> str:
         blocks = sched.state.prefix.match(req.prefix_hashes.tolist(), pool.table.capacity)
         matched = 0 if blocks is None else int(blocks[n // 2])
         calls = max(20, int(20_000 / math.sqrt(n))) // (4 if quick else 1)
-        ours = best_per_call(partial(sched.pick, req, now), calls, 4 if quick else 9)
+        ours = _timed_pick((pool, sched, req, now), calls, quick)
         py_calls = max(2, int(2_000 / n) // (2 if quick else 1))
         python = best_per_call(partial(_python_score, inputs, req, now), py_calls, 3)
         variants = [_timed_pick(build_pool(n, adapters=ADAPTERS), calls, quick),

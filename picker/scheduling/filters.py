@@ -141,7 +141,7 @@ def _lora_state(ctx: ScoringContext) -> np.ndarray:
     capacity = adapter_capacity(max_lora, ctx.state.adapter_slots[ctx.index])
     resident = table.lora_running[ctx.index, slot] | _recently_sent(ctx, slot, capacity)
     waiting = table.lora_waiting[ctx.index, slot]
-    free = ctx.derived("_adapters_held", _adapters_held) < max_lora
+    free = _adapters_held(ctx) < max_lora
     if unknown.any():
         resident, free = _unknown_slots(ctx, slot, unknown, resident, free)
     return np.stack((resident, waiting, free))
@@ -186,9 +186,10 @@ def _adapters_held(ctx: ScoringContext) -> np.ndarray:
     the pool's slots abound, those sent there within ADAPTER_MEMORY_S. Such an adapter,
     idle now, still holds its slot: engines keep adapters resident until a load needs the
     slot, and a vLLM page shows only the adapters of running and waiting requests."""
-    held = ctx.table.lora_running[ctx.index, _known(ctx)]
+    known = _known(ctx)
+    held = ctx.table.lora_running[ctx.index, known]
     if slots_abound(ctx):
-        held = held | _sent_lately(ctx.state.adapter_sent[ctx.index, _known(ctx)], ctx.now)
+        held = held | _sent_lately(ctx.state.adapter_sent[ctx.index, known], ctx.now)
     return np.count_nonzero(held, axis=1)
 
 

@@ -71,4 +71,3 @@ class LoraHome:
         if ttft[home].min() <= limit:
             return home
         return np.ones(n, dtype=bool)
-

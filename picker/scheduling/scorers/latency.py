@@ -74,14 +74,15 @@ def latency_score(
     return ctx.latency
 
 
-def near_best(ctx: ScoringContext) -> np.ndarray:
-    """1.0 where the predicted TTFT is within `NEAR_BEST` of the best candidate's, else 0.0.
+def near_best(ctx: ScoringContext, ratio: float = 1.0 + NEAR_BEST) -> np.ndarray:
+    """True where the predicted TTFT is at most `ratio` times the best candidate's (by
+    default within `NEAR_BEST` of it).
 
     The spreading tie-breakers (queue, runningRequests, lru in the llm-d
     profile) vote only among these: min-max normalization turns any
     difference into a full point, which must not outvote a real TTFT gap.
     """
-    return latency_score(ctx) >= 1.0 / (1.0 + NEAR_BEST)
+    return latency_score(ctx) >= 1.0 / ratio
 
 
 def cached_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:

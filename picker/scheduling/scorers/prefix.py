@@ -21,7 +21,7 @@ import numpy as np
 
 from picker.scheduling.context import ScoringContext
 from picker.scheduling.plugins import SCORERS
-from picker.scheduling.scorers.latency import latency_score
+from picker.scheduling.scorers.latency import near_best
 
 
 @SCORERS.register
@@ -36,5 +36,5 @@ class Prefix:
         if fraction is None:
             return 0.0
         if self.max_ttft_ratio > 0:
-            return fraction * (latency_score(ctx) >= 1.0 / self.max_ttft_ratio)
+            return fraction * near_best(ctx, self.max_ttft_ratio)
         return fraction
