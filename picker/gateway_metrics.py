@@ -188,6 +188,12 @@ class _RoutingCollector(Collector):
             f"{PREFIX}_prefix_index_blocks", "Prompt blocks held in the pool's prefix-affinity "
             "index (all pods).", labels=["pool"],
         )
+        shared = GaugeMetricFamily(
+            f"{PREFIX}_prefix_shared_tokens", "Prompt prefix tokens the pool's requests of "
+            "the last minute shared (as of the latest request), summed over prefixes: what "
+            "each pod would hold to hold them all (prefix affinity is not voted where it is "
+            "under a tenth of the smallest candidate's KV cache).", labels=["pool"],
+        )
         queried = CounterMetricFamily(
             f"{PREFIX}_prefix_query_blocks", "Prompt blocks of routed requests.", labels=["pool"]
         )
@@ -215,6 +221,7 @@ class _RoutingCollector(Collector):
             q = self.director.admission.get(name)
             queue.add_metric([name], float(len(q)) if q is not None else 0.0)
             index.add_metric([name], float(len(sched.state.prefix)))
+            shared.add_metric([name], float(sched.state.footprint.tokens))
             queried.add_metric([name], float(sched.state.prefix_query_blocks))
             hit.add_metric([name], float(sched.state.prefix_hit_blocks))
             work = committed(sched.state, now)
@@ -238,7 +245,7 @@ class _RoutingCollector(Collector):
             duration.add_metric([pool_name, name], stats.last_duration_s)
         yield queue
         yield from (family for _, family in pool_gauges)
-        yield from (index, queried, hit, scrapes, duration)
+        yield from (index, shared, queried, hit, scrapes, duration)
 
 
 class _CoordinationCollector(Collector):

@@ -313,6 +313,7 @@ def test_gateway_metrics_exported(stack, http):
         'igw_pod_scrapes_total{outcome="ok"',
         'igw_admission_queue_length{pool="llama"}',
         'igw_prefix_index_blocks{pool="llama"}',
+        'igw_prefix_shared_tokens{pool="llama"}',
         'igw_prefix_hit_blocks_total{pool="llama"}',
         'igw_prefix_query_blocks_total{pool="llama"}',
     ):

@@ -1004,7 +1004,28 @@ def test_prefix_affinity_votes_only_within_its_ttft_ratio_of_the_best():
     pool.table.waiting[0] = 5  # 5,000 tokens ahead: 0.51 s against 0.11 s, over 4x
     assert scores(pool, "prefix", request, sched) == [1.0, 0.0]
     assert scores(pool, "prefix", request, sched, max_ttft_ratio=4.0) == [0.0, 0.0]
-    assert PROFILES["llm-d"].params["prefix"] == {"max_ttft_ratio": 4.0}
+    assert PROFILES["llm-d"].params["prefix"]["max_ttft_ratio"] == 4.0
+
+
+def test_prefix_affinity_is_not_voted_where_every_cache_holds_the_shared_prefixes():
+    pool = make_pool(2, prefill_tps=[10_000] * 2, decode_step_s=[0.01] * 2)
+    sched = Scheduler(pool)
+    blocks = list(range(1, 11))
+    sched.on_dispatch(0, req(prompt=1_000, blocks=blocks), NOW)
+    request = req(prompt=1_000, blocks=[*blocks, 99])
+    ample = {"ample_cache": 0.1}
+    # nothing shared yet, and no cache size known: affinity as ever
+    assert scores(pool, "prefix", request, sched, **ample) == [10 / 11, 0.0]
+    sched.on_dispatch(0, req(prompt=1_100, blocks=[*blocks, 98]), NOW)  # 1,000 tokens shared
+    assert sched.state.footprint.tokens == 1_000
+    assert scores(pool, "prefix", request, sched, **ample) == [10 / 11, 0.0]
+    pool.table.kv_block_size[:2] = 16
+    pool.table.kv_num_blocks[:2] = [1_000, 500]  # the smallest cache: 8,000 tokens
+    assert scores(pool, "prefix", request, sched, **ample) == [10 / 11, 0.0]
+    pool.table.kv_num_blocks[:2] = [1_000, 700]  # 11,200 tokens: 1,000 is under a tenth
+    assert scores(pool, "prefix", request, sched, **ample) == [0.0, 0.0]
+    assert scores(pool, "prefix", request, sched) == [10 / 11, 0.0]  # off by default
+    assert PROFILES["llm-d"].params["prefix"]["ample_cache"] == 0.1
 
 
 def test_prefill_backlog_work_leaves_out_the_expected_cache_hits():

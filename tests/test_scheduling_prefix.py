@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from picker.scheduling.prefix_footprint import PrefixFootprint
 from picker.scheduling.prefix_index import PrefixIndex
 
 
@@ -25,6 +26,31 @@ def test_match_stops_at_each_pods_first_miss():
     assert matched(index, [1, 2, 3, 4, 5]) == [4, 2, 5, 0, 0, 0, 0, 0]
     assert index.match([7, 1, 2], 8) is None  # first block unknown: nobody matches
     assert index.match([], 8) is None
+
+
+def test_insert_says_how_many_leading_blocks_some_pod_already_held():
+    index = PrefixIndex(100)
+    assert index.insert(0, [1, 2, 3, 4]) == 0
+    assert index.insert(1, [1, 2, 5]) == 2  # held by pod 0
+    assert index.insert(1, [1, 2, 5, 6]) == 3  # its own 5 counts too
+    assert index.insert(2, []) == 0
+
+
+def test_footprint_sums_the_latest_shared_depth_of_each_root_seen_within_the_window():
+    fp = PrefixFootprint(window_s=60.0, max_roots=3)
+    fp.record(1, 0, 0.0)  # nothing shared: not a shared prefix
+    assert (fp.tokens, len(fp)) == (0, 0)
+    fp.record(1, 2_000, 1.0)
+    fp.record(2, 500, 2.0)
+    fp.record(2, 800, 3.0)  # a conversation grows: its latest depth
+    assert fp.tokens == 2_800
+    fp.record(3, 100, 4.0)
+    fp.record(4, 100, 5.0)  # beyond 3 roots: the least recently seen (1) goes
+    assert (fp.tokens, len(fp)) == (1_000, 3)
+    fp.expire(64.5)  # root 2 last seen at 3.0, root 3 at 4.0: out of the window
+    assert (fp.tokens, len(fp)) == (100, 1)
+    fp.expire(1_000.0)
+    assert (fp.tokens, len(fp)) == (0, 0)
 
 
 def test_lru_is_bounded_and_evicts_least_recent_deepest_first():

@@ -62,30 +62,37 @@ class PrefixIndex:
     def distinct_blocks(self) -> int:
         return len(self._owners)
 
-    def insert(self, row: int, hashes: list[int]) -> None:
-        """Record that the prefix `hashes` was routed to `row` (most recent use).
+    def insert(self, row: int, hashes: list[int]) -> int:
+        """Record that the prefix `hashes` was routed to `row` (most recent use); returns
+        how many of its blocks some pod already held (the depth shared with earlier
+        prompts: a held block's ancestors are held too, see below).
 
         Deepest block first, so a block is never more recent than its
         ancestors in the chain: eviction then always takes the deepest block,
         and every pod holds a *prefix* of every chain it saw; `match` relies on it.
         """
         if not hashes:
-            return
+            return 0
         lru = self._lru.get(row)
         if lru is None:
             lru = self._lru[row] = OrderedDict()
         owners = self._owners
         bit = 1 << row
         cap = self.blocks_per_pod
+        shared = 0
         for h in reversed(hashes[:cap]):
             if h in lru:
                 lru.move_to_end(h)
+                shared += 1
                 continue
             lru[h] = None
-            owners[h] = owners.get(h, 0) | bit
+            held = owners.get(h, 0)
+            shared += held != 0
+            owners[h] = held | bit
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)
             self._drop(old, bit)
+        return shared
 
     def forget(self, row: int) -> None:
         """Drop everything known about `row` (its pod left; the row may be reused)."""

@@ -67,7 +67,7 @@ PROFILES: dict[str, ProfileSpec] = {
             "lru": 0.5,
         },
         params={
-            "prefix": {"max_ttft_ratio": 4.0},
+            "prefix": {"max_ttft_ratio": 4.0, "ample_cache": 0.1},
             "queue": {"latency_gated": True},
             "runningRequests": {"latency_gated": True},
             "lru": {"latency_gated": True},

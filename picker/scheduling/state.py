@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from picker.datastore import MAX_ADAPTERS, SPEED_STALE_S, Pool
+from picker.scheduling.prefix_footprint import PrefixFootprint
 from picker.scheduling.prefix_index import DEFAULT_BLOCKS_PER_POD, PrefixIndex
 from picker.scheduling.request import SchedulingRequest
 from picker.scheduling.shares import TenantShares
@@ -62,6 +63,7 @@ class PoolState:
     def __init__(self, pool: Pool, blocks_per_pod: int = DEFAULT_BLOCKS_PER_POD) -> None:
         self.pool = pool
         self.prefix = PrefixIndex(blocks_per_pod)
+        self.footprint = PrefixFootprint()
         self.mean_prompt = 0.0
         self.mean_output = 0.0
         # Prefix affinity outcome, for the gateway's metrics: prompt blocks asked
@@ -240,8 +242,11 @@ class PoolState:
         if output > 0:
             est = min(output, MAX_OUTPUT_TOKENS_ESTIMATE)
             self.mean_output = _ewma(self.mean_output, est, POOL_EWMA_ALPHA)
-        if len(req.prefix_hashes):
-            self.prefix.insert(row, req.prefix_hashes.tolist())
+        blocks = len(req.prefix_hashes)
+        if blocks:
+            hashes = req.prefix_hashes.tolist()
+            shared = self.prefix.insert(row, hashes)
+            self.footprint.record(hashes[0], round(prompt * shared / blocks), now)
         if req.adapter is not None:
             slot = self.pool.adapter_index.get(req.adapter)
             if slot is not None:

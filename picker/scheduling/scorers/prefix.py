@@ -11,6 +11,16 @@ follow; but at prefix weight 4.5 against the latency model's 3 it outvoted any
 wait, and where one pod held a hot system prompt the gateway kept sending there
 while a cold prompt held it for 0.2 s (family-0-43, docs/benchmarks.md). A
 bound of 2x cost the published prefix scenario a quarter of its p95; 4x kept it.
+
+With `ample_cache` (the llm-d profile: 0.1) the score is 0 for every candidate while the
+prefixes the pool's requests share (`PoolState.footprint`: each shared prefix once) take
+less than that share of the smallest candidate's KV cache. Every pod can then hold every
+shared prefix, and affinity only keeps a hot one on the few pods that served it first:
+they queue while the others idle (family-0-43: 3 system prompts on 4 H200s, best-ttft
+1.45x round-robin, which warms every pod). The latency model still prices the prefill a
+pod without the prefix would do, so a cold pod is taken when the warm ones' queues cost
+more than that prefill. Where caches are small beside the shared prefixes (the published
+prefix scenario: 6 prompts, half an A10G's cache) affinity partitions them and keeps it.
 """
 
 from __future__ import annotations
@@ -28,13 +38,23 @@ from picker.scheduling.scorers.latency import near_best
 class Prefix:
     name: ClassVar[str] = "prefix"
 
-    def __init__(self, max_ttft_ratio: float = 0.0) -> None:
+    def __init__(self, max_ttft_ratio: float = 0.0, ample_cache: float = 0.0) -> None:
         self.max_ttft_ratio = max_ttft_ratio
+        self.ample_cache = ample_cache
 
     def score(self, ctx: ScoringContext) -> np.ndarray | float:
         fraction = ctx.prefix_fraction()
-        if fraction is None:
+        if fraction is None or self._caches_ample(ctx):
             return 0.0
         if self.max_ttft_ratio > 0:
             return fraction * near_best(ctx, self.max_ttft_ratio)
         return fraction
+
+    def _caches_ample(self, ctx: ScoringContext) -> bool:
+        """True where the pool's shared prefixes (`PoolState.footprint`) take less than
+        `ample_cache` of the smallest known KV cache among the candidates."""
+        if self.ample_cache <= 0:
+            return False
+        capacity = ctx.col("kv_num_blocks") * ctx.col("kv_block_size")
+        known = capacity[capacity > 0]
+        return bool(len(known)) and ctx.state.footprint.tokens < self.ample_cache * known.min()
