@@ -192,7 +192,7 @@ class _RoutingCollector(Collector):
             f"{PREFIX}_prefix_shared_tokens", "Prompt prefix tokens the pool's requests of "
             "the last minute shared (as of the latest request), summed over prefixes: what "
             "each pod would hold to hold them all (prefix affinity is not voted where it is "
-            "under a tenth of the smallest candidate's KV cache).", labels=["pool"],
+            "under a tenth of the pool's smallest KV cache).", labels=["pool"],
         )
         queried = CounterMetricFamily(
             f"{PREFIX}_prefix_query_blocks", "Prompt blocks of routed requests.", labels=["pool"]

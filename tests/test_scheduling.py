@@ -1021,8 +1021,10 @@ def test_prefix_affinity_is_not_voted_where_every_cache_holds_the_shared_prefixe
     assert scores(pool, "prefix", request, sched, **ample) == [10 / 11, 0.0]
     pool.table.kv_block_size[:2] = 16
     pool.table.kv_num_blocks[:2] = [1_000, 500]  # the smallest cache: 8,000 tokens
+    sched.state.invalidate_speeds()  # read with the speeds, at most every 0.2 s
     assert scores(pool, "prefix", request, sched, **ample) == [10 / 11, 0.0]
     pool.table.kv_num_blocks[:2] = [1_000, 700]  # 11,200 tokens: 1,000 is under a tenth
+    sched.state.invalidate_speeds()
     assert scores(pool, "prefix", request, sched, **ample) == [0.0, 0.0]
     assert scores(pool, "prefix", request, sched) == [10 / 11, 0.0]  # off by default
     assert PROFILES["llm-d"].params["prefix"]["ample_cache"] == 0.1

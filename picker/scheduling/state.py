@@ -147,6 +147,9 @@ class PoolState:
         # What an untried idle pod is given per row (`probe_speeds`), rebuilt with `_speed`;
         # None while no pod's speed is known.
         self._probe: tuple[np.ndarray, np.ndarray] | None = None
+        # The smallest KV cache (tokens) among the pool's pods that publish one, else 0;
+        # rebuilt with `_speed` (`smallest_cache`).
+        self._smallest_cache = 0.0
         self.sync()
 
     # -- keeping rows aligned with the datastore ---------------------------------
@@ -647,9 +650,18 @@ class PoolState:
         self._blind_tps = np.where(learned & np.isnan(t.prompt_tokens_total), uncached, 0.0)
         self._speed = (tps, step)
         self._probe = self._probe_guess(tps, step, valid)
+        capacity = (t.kv_num_blocks * t.kv_block_size)[valid]
+        sized = capacity[capacity > 0]
+        self._smallest_cache = float(sized.min()) if len(sized) else 0.0
         self._speed_at = now
         self._speed_version = self.pool.version
         return self._speed
+
+    def smallest_cache(self, now: float) -> float:
+        """KV cache tokens of the pool's smallest pod that publishes its cache size (0: none
+        does), refreshed with `speeds`: a pick compares it with `footprint` in O(1)."""
+        self.speeds(now)
+        return self._smallest_cache
 
     def probe_speeds(self, now: float, index: slice | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`speeds` of rows `index`, an untried idle pod given a guess that gets it tried.

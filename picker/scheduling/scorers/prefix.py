@@ -14,7 +14,7 @@ bound of 2x cost the published prefix scenario a quarter of its p95; 4x kept it.
 
 With `ample_cache` (the llm-d profile: 0.1) the score is 0 for every candidate while the
 prefixes the pool's requests share (`PoolState.footprint`: each shared prefix once) take
-less than that share of the smallest candidate's KV cache. Every pod can then hold every
+less than that share of the pool's smallest KV cache. Every pod can then hold every
 shared prefix, and affinity only keeps a hot one on the few pods that served it first:
 they queue while the others idle (family-0-43: 3 system prompts on 4 H200s, best-ttft
 1.45x round-robin, which warms every pod). The latency model still prices the prefill a
@@ -52,9 +52,8 @@ class Prefix:
 
     def _caches_ample(self, ctx: ScoringContext) -> bool:
         """True where the pool's shared prefixes (`PoolState.footprint`) take less than
-        `ample_cache` of the smallest known KV cache among the candidates."""
+        `ample_cache` of the pool's smallest known KV cache."""
         if self.ample_cache <= 0:
             return False
-        capacity = ctx.col("kv_num_blocks") * ctx.col("kv_block_size")
-        known = capacity[capacity > 0]
-        return bool(len(known)) and ctx.state.footprint.tokens < self.ample_cache * known.min()
+        smallest = ctx.state.smallest_cache(ctx.now)
+        return smallest > 0 and ctx.state.footprint.tokens < self.ample_cache * smallest
