@@ -649,9 +649,9 @@ class PoolState:
         step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
         self._blind_tps = np.where(learned & np.isnan(t.prompt_tokens_total), uncached, 0.0)
         self._speed = (tps, step)
-        self._probe = self._probe_guess(tps, step, valid)
-        capacity = (t.kv_num_blocks * t.kv_block_size)[valid]
-        sized = capacity[capacity > 0]
+        capacity = t.kv_num_blocks * t.kv_block_size  # tokens, from the pages' cache config
+        self._probe = self._probe_guess(tps, step, valid, capacity)
+        sized = capacity[valid & (capacity > 0)]
         self._smallest_cache = float(sized.min()) if len(sized) else 0.0
         self._speed_at = now
         self._speed_version = self.pool.version
@@ -691,8 +691,8 @@ class PoolState:
         return (np.where(untried, guess_tps[index], tps),
                 np.where(untried, guess_step[index], step))
 
-    def _probe_guess(self, tps: np.ndarray, step: np.ndarray, valid: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    def _probe_guess(self, tps: np.ndarray, step: np.ndarray, valid: np.ndarray,
+                     capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Per row, the speeds `probe_speeds` gives an untried pod: the mean learned speeds
         of the known pods whose KV capacity (tokens, from the page's cache config) is
         within `TWIN_CAPACITY` of its own, else the fastest known pod's. A pool's pods
@@ -714,7 +714,6 @@ class PoolState:
             return None
         guess_tps = np.full(t.capacity, tps[known].max())
         guess_step = np.full(t.capacity, step[known].min())
-        capacity = t.kv_num_blocks * t.kv_block_size
         sized = known & (capacity > 0)
         rows = np.flatnonzero(valid & ~known & (capacity > 0))
         if not sized.any() or not len(rows):
