@@ -22,10 +22,12 @@ from igw.supervisor import ChildSpec, Supervisor
 from igw_envoy.render import default_paths, render_bootstrap, write_bootstrap
 from igw_envoy.xds import cds_path, rds_path, write_dynamic, written_versions
 from picker.datalayer.speed import forget_weight
-from picker.datastore import SPEED_STALE_S, Datastore
+from picker.datastore import SPEED_STALE_S, Datastore, Pool
 from picker.envoy_admin import ejected, parse_clusters
 from picker.reload import restart_only_changes, union_config
-from picker.scheduling.state import PoolState
+from picker.scheduling.context import ScoringContext
+from picker.scheduling.request import SchedulingRequest
+from picker.scheduling.state import STALE_RETRY_EVERY, PoolState
 
 
 def doc(*schedulers: dict, **spec) -> dict:
@@ -169,6 +171,46 @@ def test_stale_learned_speed_is_replaced_by_the_pool_median():
     assert tps[rows[2]] == pytest.approx(10_000.0)  # stale: the pool median
     assert step[rows[2]] == pytest.approx(0.01)
     assert np.all(tps[rows[:2]] == 10_000.0)
+
+
+def _stale_pool() -> tuple[Pool, PoolState, list[int], float]:
+    """Three pods, the third slow and not observed for longer than `SPEED_STALE_S`."""
+    config = parse_config(doc({**A, "endpoints": ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]}))
+    pool = Datastore(config).pools["a"]
+    t = pool.table
+    rows = [p.row for p in pool.pods.values()]
+    t.prefill_tps[rows] = [10_000.0, 10_000.0, 1_000.0]
+    t.decode_step_s[rows] = [0.01, 0.01, 0.08]
+    t.speed_seen_at[rows] = [100.0 + SPEED_STALE_S, 100.0 + SPEED_STALE_S, 100.0]
+    state = PoolState(pool)
+    return pool, state, rows, 101.0 + SPEED_STALE_S
+
+
+def _candidate_speeds(pool: Pool, state: PoolState, rows: list[int], now: float,
+                      prompt: int, adapter: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    request = SchedulingRequest(model="m-a", adapter=adapter, prompt_tokens=prompt)
+    return ScoringContext(pool, state, request, np.array(rows), now).speeds()
+
+
+def test_a_stale_pod_is_retried_at_the_median_once_per_budget_of_the_pools_requests():
+    """A retry spends the pool's budget: until `STALE_RETRY_EVERY` more requests went out,
+    every request sees the stale pod at the speed it last showed (so slow hardware the
+    gateway rightly leaves alone costs a bounded share of requests, not one every few
+    seconds); then one may retry it at the median again."""
+    pool, state, rows, now = _stale_pool()
+    tps, step = _candidate_speeds(pool, state, rows, now, prompt=2_000)
+    assert tps[2] == pytest.approx(10_000.0) and step[2] == pytest.approx(0.01)  # a retry
+    request = SchedulingRequest(model="m-a", prompt_tokens=200)
+    state.on_dispatch(rows[2], request, now)
+    for _ in range(STALE_RETRY_EVERY - 1):
+        state.on_dispatch(rows[0], request, now)
+    for prompt, adapter in ((200, None), (2_000, None), (200, "ad")):
+        tps, step = _candidate_speeds(pool, state, rows, now, prompt, adapter)
+        assert tps[2] == pytest.approx(1_000.0) and step[2] == pytest.approx(0.08)
+        assert np.all(tps[:2] == pytest.approx(10_000.0))
+    state.on_dispatch(rows[1], request, now)  # the budget's last: fresh pods count too
+    tps, _ = _candidate_speeds(pool, state, rows, now, prompt=200)
+    assert tps[2] == pytest.approx(10_000.0)
 
 
 # --- supervisor ------------------------------------------------------------------------------

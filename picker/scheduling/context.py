@@ -95,8 +95,12 @@ class ScoringContext:
     def speeds(self) -> tuple[np.ndarray, np.ndarray]:
         """(prefill tokens/s, decode step s) per candidate, unknown speeds filled; for a
         request without an adapter an untried idle pod is guessed so it gets tried
-        (`PoolState.probe_speeds`)."""
-        if self.req.adapter is None:
+        (`PoolState.probe_speeds`). A stale pod is retried at the pool median only where
+        `PoolState.may_retry_stale`, else priced by `PoolState.cautious_speeds`."""
+        probe = self.req.adapter is None
+        if not self.state.may_retry_stale():
+            return self.state.cautious_speeds(self.now, self.index, probe)
+        if probe:
             return self.state.probe_speeds(self.now, self.index)
         tps, step = self.state.speeds(self.now)
         return tps[self.index], step[self.index]
