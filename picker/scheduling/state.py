@@ -59,6 +59,11 @@ PROBE_AFTER_KNOWN = 0.25
 # p95 leaves.
 STALE_RETRY_EVERY = 50
 
+# (prefill tokens/s, decode step s) per table row.
+_Speeds = tuple[np.ndarray, np.ndarray]
+# `_speed` and `_probe` held to stale rows' last learned speeds (`cautious_speeds`).
+_Cautious = tuple[_Speeds, _Speeds | None]
+
 
 class PoolState:
     """Gateway-side state for one pool, row-aligned with `pool.table`."""
@@ -150,9 +155,10 @@ class PoolState:
         # What an untried idle pod is given per row (`probe_speeds`), rebuilt with `_speed`;
         # None while no pod's speed is known.
         self._probe: tuple[np.ndarray, np.ndarray] | None = None
-        # `_speed` with stale learned speeds kept (None: no row stale), and the pool's
-        # requests dispatched, before which no stale pod is retried (`cautious_speeds`).
-        self._kept: tuple[np.ndarray, np.ndarray] | None = None
+        # `_speed` and `_probe` held to the stale rows' last learned speeds where slower
+        # (None: no row stale), and the pool's requests dispatched, before which no stale
+        # pod is retried (`cautious_speeds`).
+        self._cautious: _Cautious | None = None
         self.dispatches = 0
         self._retry_after = 0
         # The smallest KV cache (tokens) among the pool's pods that publish one, else 0;
@@ -657,10 +663,14 @@ class PoolState:
         learned = (t.prefill_tps > 0) & ~stale
         self._blind_tps = np.where(learned & np.isnan(t.prompt_tokens_total), uncached, 0.0)
         self._speed = (tps, step)
-        self._kept = (self._filled(valid, np.zeros_like(stale), slowness, uncached, counted,
-                                   ref_tps, ref_step) if stale.any() else None)
         capacity = t.kv_num_blocks * t.kv_block_size  # tokens, from the pages' cache config
         self._probe = self._probe_guess(tps, step, valid, capacity)
+        self._cautious = None
+        if stale.any():
+            kept = self._filled(valid, np.zeros_like(stale), slowness, uncached, counted,
+                                ref_tps, ref_step)
+            self._cautious = (_slower((tps, step), kept),
+                              None if self._probe is None else _slower(self._probe, kept))
         sized = capacity[valid & (capacity > 0)]
         self._smallest_cache = float(sized.min()) if len(sized) else 0.0
         self._speed_at = now
@@ -695,16 +705,13 @@ class PoolState:
 
     def cautious_speeds(self, now: float, index: slice | np.ndarray,
                         probe: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Speeds of rows `index` with no retry: the slower of `speeds` (`probe_speeds`
-        when `probe`) and the same with stale learned speeds kept."""
-        if probe:
-            tps, step = self.probe_speeds(now, index)
-        else:
-            tps, step = self.speeds(now)
-            tps, step = tps[index], step[index]
-        if self._kept is None:
-            return tps, step
-        return np.minimum(tps, self._kept[0][index]), np.maximum(step, self._kept[1][index])
+        """`speeds` of rows `index` (`probe_speeds` when `probe`) with no stale pod retried:
+        each no faster than the speed it last showed."""
+        tps, step = self.speeds(now)
+        if self._cautious is None:
+            return self._probed(index, tps, step, self._probe if probe else None)
+        (tps, step), guess = self._cautious
+        return self._probed(index, tps, step, guess if probe else None)
 
     def smallest_cache(self, now: float) -> float:
         """KV cache tokens of the pool's smallest pod that publishes its cache size (0: none
@@ -729,16 +736,20 @@ class PoolState:
         with them moved the family's LoRA tails by seconds (docs/benchmarks.md).
         """
         tps, step = self.speeds(now)
+        return self._probed(index, tps, step, self._probe)
+
+    def _probed(self, index: slice | np.ndarray, tps: np.ndarray, step: np.ndarray,
+                guess: _Speeds | None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows `index` of (`tps`, `step`), an untried idle pod given `guess`'s row."""
         tps, step = tps[index], step[index]
-        if self._probe is None:
+        if guess is None:
             return tps, step
         t = self.pool.table
         untried = (t.prefill_tps[index] <= 0) & (self.spt[index] <= 0) & (t.inflight[index] <= 0)
         if not untried.any():
             return tps, step
-        guess_tps, guess_step = self._probe
-        return (np.where(untried, guess_tps[index], tps),
-                np.where(untried, guess_step[index], step))
+        return (np.where(untried, guess[0][index], tps),
+                np.where(untried, guess[1][index], step))
 
     def _probe_guess(self, tps: np.ndarray, step: np.ndarray, valid: np.ndarray,
                      capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -830,6 +841,11 @@ def _uncached_speeds(tps: np.ndarray, uncached: np.ndarray, learned: np.ndarray,
     ref = float(np.median(ratio[learned]))
     scale = ratio / max(ref, 0.05)
     return tps * np.where(counted, np.minimum(scale, 1.0), scale)
+
+
+def _slower(speeds: _Speeds, other: _Speeds) -> _Speeds:
+    """Per row the slower of two (prefill tokens/s, decode step s) pairs."""
+    return np.minimum(speeds[0], other[0]), np.maximum(speeds[1], other[1])
 
 
 def speed_classes(tps: np.ndarray, rows: np.ndarray) -> np.ndarray:
