@@ -159,7 +159,7 @@ class PoolState:
         # (None: no row stale), and the pool's requests dispatched, before which no stale
         # pod is retried (`cautious_speeds`).
         self._cautious: _Cautious | None = None
-        self.dispatches = 0
+        self._dispatches = 0
         self._retry_after = 0
         # The smallest KV cache (tokens) among the pool's pods that publish one, else 0;
         # rebuilt with `_speed` (`smallest_cache`).
@@ -228,10 +228,9 @@ class PoolState:
         output = float(max(req.max_tokens, 0))
         t.inflight[row] += 1.0
         t.dispatched[row] += 1.0
-        self.dispatches += 1
-        seen = t.speed_seen_at[row]
-        if seen > 0 and now - seen > SPEED_STALE_S:  # a stale pod retried: the next waits
-            self._retry_after = self.dispatches + STALE_RETRY_EVERY
+        self._dispatches += 1
+        if _stale(t.speed_seen_at[row], now):  # a stale pod retried: the next waits
+            self._retry_after = self._dispatches + STALE_RETRY_EVERY
         if remote:
             if req.tenant:  # an older replica's, or tenants off: no tenant to count
                 self.shares.seen(req.tenant, req.tenant_weight, now,
@@ -655,7 +654,7 @@ class PoolState:
         slowness = np.ones(t.capacity)  # observed pace relative to the pool's median
         if ref_pace > 0:
             np.divide(pace, ref_pace, out=slowness, where=pace > 0)
-        stale = (t.speed_seen_at > 0) & (now - t.speed_seen_at > SPEED_STALE_S)
+        stale = _stale(t.speed_seen_at, now)
         counted = t.raw_cache_queries > 0
         uncached = np.where(counted, t.prefill_tps_uncached,
                             t.prefill_tps * (1.0 - self.cached_share))
@@ -701,7 +700,7 @@ class PoolState:
         1.43x best-ttft; now 1.00x). The budget bounds what retries cost a pool at any
         request rate; retrying only with prompts under the pool's mean did not hold on a
         held-out seed (docs/benchmarks.md, 2026-12-06)."""
-        return self.dispatches >= self._retry_after
+        return self._dispatches >= self._retry_after
 
     def cautious_speeds(self, now: float, index: slice | np.ndarray,
                         probe: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -841,6 +840,12 @@ def _uncached_speeds(tps: np.ndarray, uncached: np.ndarray, learned: np.ndarray,
     ref = float(np.median(ratio[learned]))
     scale = ratio / max(ref, 0.05)
     return tps * np.where(counted, np.minimum(scale, 1.0), scale)
+
+
+def _stale(seen: np.ndarray | np.floating, now: float) -> np.ndarray | np.bool_:
+    """A learned speed (per row, or one row's) with no new observation for `SPEED_STALE_S`
+    (`seen`: when one last came, 0 never)."""
+    return (seen > 0) & (now - seen > SPEED_STALE_S)
 
 
 def _slower(speeds: _Speeds, other: _Speeds) -> _Speeds:
