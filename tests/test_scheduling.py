@@ -489,6 +489,28 @@ def test_speed_classes_pool_similar_pods_and_keep_generations_apart():
     assert apart.tolist() == [2_650.0, 6_500.0, 2_650.0]
 
 
+def test_speed_classes_form_within_one_kv_capacity_before_across():
+    # family-0-18: two A10Gs, two L40S, an A100 (true 1,451 / 3,752 / 3,234 tokens/s).
+    # Chained pod by pod, noise bridges the generations: one class.
+    tps = np.array([709.0, 966.0, 1_231.0, 1_766.0, 2_026.0])
+    capacity = np.array([48_816.0, 48_700.0, 64_080.0, 64_080.0, 283_808.0])  # a few blocks
+    rows = np.arange(5)
+    assert speed_classes(tps, rows).tolist() == [1_231.0] * 5
+    # One capacity, one GPU: each group's median first, then classes across the groups.
+    out = speed_classes(tps, rows, capacity)
+    assert out[:2].tolist() == [837.5] * 2  # the A10Gs apart, 1.8x under the rest
+    assert out[2:].tolist() == [1_498.5] * 3  # L40S and A100 alike, as their truth
+    # Alike speeds of unlike caches (an H200 beside H100s, a small model) still join, and a
+    # pool whose pages give no cache size (capacity 0) classes as before.
+    alike = np.array([24_000.0, 20_000.0, 26_000.0])
+    joined = speed_classes(alike, np.arange(3), np.array([8e5, 4e5, 4e5]))
+    assert joined.tolist() == [23_000.0] * 3  # the H100s' 23,000 twice, the H200's 24,000
+    assert speed_classes(tps, rows, np.zeros(5)).tolist() == [1_231.0] * 5
+    # The same cache with speeds apart (an A100-80GB beside an H100) stays apart.
+    apart = speed_classes(np.array([3_000.0, 9_000.0, 3_200.0]), np.arange(3), np.full(3, 1e5))
+    assert apart.tolist() == [3_100.0, 9_000.0, 3_100.0]
+
+
 def test_identical_pods_with_noisy_learned_speeds_are_balanced_by_work():
     # The same GPUs, read 1,200 and 1,500 tokens/s: taken at face value the "faster"
     # pod would win with more work queued (1000/1500 = 0.67 s < 900/1200 = 0.75 s).
