@@ -882,7 +882,9 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray,
     3,752 and 3,234), no neighbours 1.5x apart, one class at 1,194, and the A10Gs took
     three times best-ttft's share, the p95 tail (family-0-18, 1.26 -> 1.13x best-ttft).
     Never apart by capacity alone: alike speeds of unlike caches (an H200 beside an
-    H100 on a small model) still join, as before.
+    H100 on a small model) still join, as before. The cost: a few pods of one capacity
+    chain less readily than the whole pool, so one whose reading strays splits off sooner
+    (family-0-51, four H200s paced by the gateway beside six H100s: 1.04 -> 1.31x).
     """
     out = tps.copy()
     if len(rows) < 2:
