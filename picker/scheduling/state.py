@@ -658,16 +658,17 @@ class PoolState:
         counted = t.raw_cache_queries > 0
         uncached = np.where(counted, t.prefill_tps_uncached,
                             t.prefill_tps * (1.0 - self.cached_share))
-        tps, step = self._filled(valid, stale, slowness, uncached, counted, ref_tps, ref_step)
+        capacity = t.kv_num_blocks * t.kv_block_size  # tokens, from the pages' cache config
+        tps, step = self._filled(valid, stale, slowness, uncached, counted, capacity,
+                                 ref_tps, ref_step)
         learned = (t.prefill_tps > 0) & ~stale
         self._blind_tps = np.where(learned & np.isnan(t.prompt_tokens_total), uncached, 0.0)
         self._speed = (tps, step)
-        capacity = t.kv_num_blocks * t.kv_block_size  # tokens, from the pages' cache config
         self._probe = self._probe_guess(tps, step, valid, capacity)
         self._cautious = None
         if stale.any():
             kept = self._filled(valid, np.zeros_like(stale), slowness, uncached, counted,
-                                ref_tps, ref_step)
+                                capacity, ref_tps, ref_step)
             self._cautious = (_slower((tps, step), kept),
                               None if self._probe is None else _slower(self._probe, kept))
         sized = capacity[valid & (capacity > 0)]
@@ -677,15 +678,15 @@ class PoolState:
         return self._speed
 
     def _filled(self, valid: np.ndarray, stale: np.ndarray, slowness: np.ndarray,
-                uncached: np.ndarray, counted: np.ndarray, ref_tps: float,
-                ref_step: float) -> tuple[np.ndarray, np.ndarray]:
+                uncached: np.ndarray, counted: np.ndarray, capacity: np.ndarray,
+                ref_tps: float, ref_step: float) -> tuple[np.ndarray, np.ndarray]:
         """`speeds`' fill, the `stale` rows' learned speeds replaced by the pool median."""
         t = self.pool.table
         slowness = np.where(stale, 1.0, slowness)
         learned = (t.prefill_tps > 0) & ~stale
         tps = np.where(learned, _uncached_speeds(t.prefill_tps, uncached, learned, counted),
                        ref_tps / slowness)
-        tps = speed_classes(tps, np.flatnonzero(valid), t.kv_num_blocks * t.kv_block_size)
+        tps = speed_classes(tps, np.flatnonzero(valid), capacity)
         step = np.where((t.decode_step_s > 0) & ~stale, t.decode_step_s, ref_step * slowness)
         return tps, step
 
@@ -891,20 +892,29 @@ def speed_classes(tps: np.ndarray, rows: np.ndarray,
         return out
     values = tps[rows]
     if capacity is not None:
-        group = _capacity_groups(capacity[rows])
-        # one sort by (group, speed): speeds are positive and under the span added per group
+        values = _class_medians(values, _capacity_groups(capacity[rows]))
+    out[rows] = _class_medians(values)
+    return out
+
+
+def _class_medians(values: np.ndarray, group: np.ndarray | None = None) -> np.ndarray:
+    """Each value replaced by its class median, classes chained within `SPEED_CLASS_RATIO`
+    (inside each `group`, ids >= 0, never across groups, when given); vectorized (one sort,
+    medians of runs), so a pool of many small classes costs what one of a few does."""
+    if group is None:
+        order = np.argsort(values)
+    else:  # one sort by (group, speed): speeds are positive, under the span added per group
         order = np.argsort(group * (2.0 * values.max() + 1.0) + values)
-        ordered = values[order]
-        starts = np.ones(len(order), dtype=bool)
-        starts[1:] = (group[order][1:] != group[order][:-1]) | (
-            ordered[1:] > ordered[:-1] * SPEED_CLASS_RATIO)
-        values = np.empty_like(values)
-        values[order] = _run_medians(ordered, starts)
-    order = np.argsort(values)
     ordered = values[order]
     starts = np.ones(len(order), dtype=bool)
     starts[1:] = ordered[1:] > ordered[:-1] * SPEED_CLASS_RATIO
-    out[rows[order]] = _run_medians(ordered, starts)
+    if group is not None:
+        starts[1:] |= group[order][1:] != group[order][:-1]
+    first = np.flatnonzero(starts)
+    counts = np.diff(np.append(first, len(ordered)))
+    medians = (ordered[first + (counts - 1) // 2] + ordered[first + counts // 2]) / 2.0
+    out = np.empty_like(values)
+    out[order] = medians[np.cumsum(starts) - 1]
     return out
 
 
@@ -918,15 +928,6 @@ def _capacity_groups(sizes: np.ndarray) -> np.ndarray:
     group = np.empty(len(order), dtype=np.int64)
     group[order] = np.cumsum(new)
     return group
-
-
-def _run_medians(ordered: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Each entry's run median, runs marked by `starts` over values sorted within each run;
-    vectorized, so a pool of many small classes costs what one of a few does."""
-    first = np.flatnonzero(starts)
-    counts = np.diff(np.append(first, len(ordered)))
-    medians = (ordered[first + (counts - 1) // 2] + ordered[first + counts // 2]) / 2.0
-    return medians[np.cumsum(starts) - 1]
 
 
 _ROW_ARRAYS = (
