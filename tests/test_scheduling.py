@@ -470,7 +470,21 @@ def test_observed_pace_is_per_token_where_the_pods_are_alike():
     assert noisy.state.observed_pace(alike.table.valid) is noisy.state.spt
     embed = SchedulingRequest("m", None, 400, 0, np.empty(0, np.uint64))
     sched.on_complete(0, embed, NOW, 2.0, True)  # generates nothing: paced by its prompt
-    assert sched.state.spot[0] == pytest.approx(1.0 / 50 + 0.2 * (2.0 / 400 - 1.0 / 50))
+    assert sched.state.spot[0] == pytest.approx((1.0 + 0.2 * (2.0 - 1.0)) / (50 + 0.2 * 350))
+
+
+def test_observed_pace_is_a_ratio_of_averages_so_long_requests_weigh_more():
+    """A 2,000-token request in 10 s, then a 60-token one in 1 s: averaged per request the
+    pace would jump to 0.2 * 1 / 60 + 0.8 * 10 / 2,000 (2.6x the first); as the ratio of
+    the averaged seconds and tokens it moves by what the short request adds."""
+    pool = make_pool(1, decode_step_s=[0.0])
+    sched = Scheduler(pool)
+    sched.on_complete(0, req(prompt=1_950), NOW, 10.0, True)
+    assert sched.state.spt[0] == pytest.approx(10.0 / 2_000)
+    sched.on_complete(0, req(prompt=10), NOW, 1.0, True)
+    seconds, tokens = 10.0 + 0.2 * (1.0 - 10.0), 2_000 + 0.2 * (60 - 2_000)
+    assert sched.state.spt[0] == pytest.approx(seconds / tokens)
+    assert sched.state.spot[0] == pytest.approx(seconds / 50)
 
 
 def test_speed_classes_pool_similar_pods_and_keep_generations_apart():
