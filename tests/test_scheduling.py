@@ -435,7 +435,7 @@ def test_an_untried_pod_with_the_kv_capacity_of_known_pods_is_guessed_at_their_s
 
 
 @pytest.mark.parametrize(("slower", "prompt"), [(3.0, 3_000), (1.6, 1_500)])
-def test_observed_pace_is_per_output_token_where_the_pods_are_generations_apart(
+def test_observed_pace_is_per_output_token_so_generations_stand_apart(
         slower: float, prompt: int) -> None:
     # Pod 1 is the slow generation (3x the time for the same output: an A10G beside an
     # H100; 1.6x: an A100 beside an H100, memory bandwidth) but serves long, cached
@@ -446,30 +446,23 @@ def test_observed_pace_is_per_output_token_where_the_pods_are_generations_apart(
         sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
         sched.on_complete(1, req(prompt=prompt), NOW, slower, True)
         sched.on_complete(2, req(prompt=100), NOW, 1.0, True)
-    valid = pool.table.valid
-    assert sched.state.observed_pace(valid)[:3].tolist() == pytest.approx(
+    assert sched.state.observed_pace()[:3].tolist() == pytest.approx(
         [0.02, 0.02 * slower, 0.02])
     tps, step = sched.state.speeds(NOW)
     assert tps[1] == pytest.approx(tps[0] / slower) and step[1] == pytest.approx(step[0] * slower)
 
 
-def test_observed_pace_is_per_token_where_the_pods_are_alike():
-    # Per output token alike pods read apart by their requests' queue waits and prompts:
-    # without a GENERATION_GAP the steadier per-token figure is used.
+def test_observed_pace_of_alike_pods_is_per_output_token_too():
+    # Alike pods with unlike prompts read alike per output token; a request that generates
+    # nothing (embeddings) is paced by its prompt.
     pool = make_pool(2, decode_step_s=[0.0] * 2)
     sched = Scheduler(pool)
     sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
-    sched.on_complete(1, req(prompt=300), NOW, 1.4, True)
-    assert sched.state.observed_pace(pool.table.valid)[:2].tolist() == pytest.approx(
-        [1.0 / 150, 1.4 / 350])
-    # Alike pods can read 2.6x apart end to end, but in small steps: no gap.
-    alike = make_pool(4, decode_step_s=[0.0] * 4)
-    noisy = Scheduler(alike)
-    for row, duration in enumerate((1.0, 1.4, 1.9, 2.6)):
-        noisy.on_complete(row, req(prompt=100), NOW, duration, True)
-    assert noisy.state.observed_pace(alike.table.valid) is noisy.state.spt
+    sched.on_complete(1, req(prompt=300), NOW, 1.0, True)
+    assert sched.state.observed_pace()[:2].tolist() == pytest.approx([1.0 / 50, 1.0 / 50])
+    assert sched.state.spt[:2].tolist() == pytest.approx([1.0 / 150, 1.0 / 350])
     embed = SchedulingRequest("m", None, 400, 0, np.empty(0, np.uint64))
-    sched.on_complete(0, embed, NOW, 2.0, True)  # generates nothing: paced by its prompt
+    sched.on_complete(0, embed, NOW, 2.0, True)
     assert sched.state.spot[0] == pytest.approx((1.0 + 0.2 * (2.0 - 1.0)) / (50 + 0.2 * 350))
 
 
