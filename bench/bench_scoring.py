@@ -134,7 +134,8 @@ def _python_inputs(pool: Pool, sched: Scheduler) -> dict:
             "inflight")
     data = {c: getattr(t, c)[:n].tolist() for c in cols}
     data.update(
-        n=n, sets=lru_sets, since=state.since_tokens[:n].tolist(), spt=state.spt[:n].tolist(),
+        n=n, sets=lru_sets, since=state.since_tokens[:n].tolist(),
+        pace=state.observed_pace()[:n].tolist(),
         backlog=state.backlog_work(slice(0, n)).tolist(),
         mean_prompt=state.mean_prompt, mean_output=state.mean_output or DEFAULT_OUTPUT_TOKENS,
         stale=pool.config.metrics.stale_after_s, weights=sched.profile.weights,
@@ -152,8 +153,8 @@ def _median_pos(values: list[float], default: float) -> float:
     return statistics.median(known) if known else default
 
 
-def _slow(d: dict, r: int, ref_spt: float) -> float:
-    return d["spt"][r] / ref_spt if ref_spt > 0 and d["spt"][r] > 0 else 1.0
+def _slow(d: dict, r: int, ref_pace: float) -> float:
+    return d["pace"][r] / ref_pace if ref_pace > 0 and d["pace"][r] > 0 else 1.0
 
 
 def _python_speed_classes(tps: dict[int, float]) -> dict[int, float]:
@@ -187,16 +188,16 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
     valid_rows = [r for r in range(d["n"]) if d["valid"][r]]
     ref_tps = _median_pos([d["prefill_tps"][r] for r in valid_rows], 1000.0)
     ref_step = _median_pos([d["decode_step_s"][r] for r in valid_rows], 0.03)
-    ref_spt = _median_pos([d["spt"][r] for r in valid_rows], 0.0)
+    ref_pace = _median_pos([d["pace"][r] for r in valid_rows], 0.0)
     tps_of = _python_speed_classes({
-        r: d["prefill_tps"][r] if d["prefill_tps"][r] > 0 else ref_tps / _slow(d, r, ref_spt)
+        r: d["prefill_tps"][r] if d["prefill_tps"][r] > 0 else ref_tps / _slow(d, r, ref_pace)
         for r in valid_rows
     })
     step_of = {r: d["decode_step_s"][r] if d["decode_step_s"][r] > 0
-               else ref_step * _slow(d, r, ref_spt) for r in valid_rows}
+               else ref_step * _slow(d, r, ref_pace) for r in valid_rows}
     # an untried idle pod is probed at the fastest known speeds (PoolState.probe_speeds;
     # no KV capacities here, so no twins), once enough of the pool is known
-    known = {r for r in valid_rows if d["prefill_tps"][r] > 0 or d["spt"][r] > 0}
+    known = {r for r in valid_rows if d["prefill_tps"][r] > 0 or d["pace"][r] > 0}
     probe = bool(known) and len(known) >= PROBE_AFTER_KNOWN * len(valid_rows)
     if probe:
         guess_tps = max(tps_of[k] for k in known)

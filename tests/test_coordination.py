@@ -125,7 +125,7 @@ def test_fold_counts_a_remote_dispatch_like_a_local_one_but_picks():
     remote.coordinator.folder.fold("a", decode_batch(entry), time.monotonic() + 1, 0.0)
     assert remote.pool.table.inflight[row_remote] == 0
     assert remote.pool.table.outstanding_prefill[row_remote] == 0
-    assert remote.state.spt[row_remote] == 0
+    assert remote.state.spot[row_remote] == 0
     assert remote.coordinator.replicas.outstanding() == 0
 
 
@@ -143,9 +143,10 @@ def test_a_remote_success_teaches_speed_from_the_origins_duration_a_failure_noth
     assert batch.durations == [2.0, None]
     remote.coordinator.folder.fold("a", batch, time.monotonic() + 30, 0.0)
     row, other = remote.row(first[3]), remote.row(second[3])
-    # one sample: the origin's 2 s over the request's tokens, not the 30 s this replica saw
-    assert remote.state.spt[row] == pytest.approx(2.0 / (first[4] + first[5]))
-    assert other == row or remote.state.spt[other] == 0  # the failure taught nothing
+    # one sample: the origin's 2 s over the request's output tokens, not the 30 s this
+    # replica saw
+    assert remote.state.spot[row] == pytest.approx(2.0 / first[5])
+    assert other == row or remote.state.spot[other] == 0  # the failure taught nothing
     assert remote.coordinator.replicas.outstanding() == 0
 
 

@@ -460,7 +460,6 @@ def test_observed_pace_of_alike_pods_is_per_output_token_too():
     sched.on_complete(0, req(prompt=100), NOW, 1.0, True)
     sched.on_complete(1, req(prompt=300), NOW, 1.0, True)
     assert sched.state.observed_pace()[:2].tolist() == pytest.approx([1.0 / 50, 1.0 / 50])
-    assert sched.state.spt[:2].tolist() == pytest.approx([1.0 / 150, 1.0 / 350])
     embed = SchedulingRequest("m", None, 400, 0, np.empty(0, np.uint64))
     sched.on_complete(0, embed, NOW, 2.0, True)
     assert sched.state.spot[0] == pytest.approx((1.0 + 0.2 * (2.0 - 1.0)) / (50 + 0.2 * 350))
@@ -472,12 +471,12 @@ def test_observed_pace_is_a_ratio_of_averages_so_long_requests_weigh_more():
     the averaged seconds and tokens it moves by what the short request adds."""
     pool = make_pool(1, decode_step_s=[0.0])
     sched = Scheduler(pool)
-    sched.on_complete(0, req(prompt=1_950), NOW, 10.0, True)
-    assert sched.state.spt[0] == pytest.approx(10.0 / 2_000)
-    sched.on_complete(0, req(prompt=10), NOW, 1.0, True)
+    empty = np.empty(0, np.uint64)
+    sched.on_complete(0, SchedulingRequest("m", None, 0, 2_000, empty), NOW, 10.0, True)
+    assert sched.state.spot[0] == pytest.approx(10.0 / 2_000)
+    sched.on_complete(0, SchedulingRequest("m", None, 0, 60, empty), NOW, 1.0, True)
     seconds, tokens = 10.0 + 0.2 * (1.0 - 10.0), 2_000 + 0.2 * (60 - 2_000)
-    assert sched.state.spt[0] == pytest.approx(seconds / tokens)
-    assert sched.state.spot[0] == pytest.approx(seconds / 50)
+    assert sched.state.spot[0] == pytest.approx(seconds / tokens)
 
 
 def test_speed_classes_pool_similar_pods_and_keep_generations_apart():
@@ -775,7 +774,7 @@ def test_dispatch_and_complete_account_work_never_below_zero():
     # It ended before any scrape saw it: it will never show in `waiting`, so the
     # since-scrape count drops too (never below zero on the duplicate end).
     assert t.dispatched[1] == 0
-    assert sched.state.spt[1] == pytest.approx(1.0 / 340)
+    assert sched.state.spot[1] == pytest.approx(1.0 / 40)
 
 
 def test_completion_seen_by_a_scrape_leaves_the_scrape_count_alone():
@@ -880,7 +879,7 @@ def test_row_reuse_and_growth_reset_gateway_state():
         pool.mark_scrape(pool.pods[f"10.1.0.{i}:8000"].row, True, NOW)
     pick = sched.pick(req(blocks=[1, 2]), NOW)
     assert sched.state.prefix.pod_blocks(0) == 0
-    assert len(sched.state.spt) == pool.table.capacity
+    assert len(sched.state.spot) == pool.table.capacity
     assert pick.rows[0] in {p.row for p in pool.pods.values()}
 
 

@@ -411,12 +411,12 @@ async def test_released_requests_are_dispatched_in_the_release_and_a_gone_client
     assert all(d.dispatched for d in held)  # both in the one release
     assert not any(t.done() for t in waits)
     row = held[1].row
-    learned = (float(state.spt[row]), float(state.prefill_floor[row]))
+    learned = (float(state.spot[row]), float(state.prefill_floor[row]))
     inflight = pool.table.inflight[:2].sum()
     waits[1].cancel()  # the second client left before its task resumed
     director.abandon(held[1])
     assert pool.table.inflight[:2].sum() == inflight - 1
-    assert (float(state.spt[row]), float(state.prefill_floor[row])) == learned
+    assert (float(state.spot[row]), float(state.prefill_floor[row])) == learned
     await asyncio.wait_for(waits[0], 1.0)
     for d in [held[0], *sent[2:]]:
         director.complete(d)

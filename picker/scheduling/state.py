@@ -81,13 +81,11 @@ class PoolState:
         # prompt counter includes them, so the next fold must too. Not one counter.
         self.since_tokens = np.zeros(0)
         self.since_stamp = np.zeros(0)
-        # The gateway's pace of each row (`observed_pace`): seconds per prompt-plus-output
-        # token (`spt`) and per output token (`spot`), each the ratio of EWMAs of finished
-        # requests' seconds, tokens and output tokens (`_pace`).
-        self.spt = np.zeros(0)
+        # The gateway's pace of each row (`observed_pace`): seconds per output token
+        # (`spot`), the ratio of EWMAs of finished requests' seconds and output tokens
+        # (`_pace`); 0 until one finished.
         self.spot = np.zeros(0)
         self.paced_seconds = np.zeros(0)
-        self.paced_tokens = np.zeros(0)
         self.paced_output = np.zeros(0)
         # A floor under each row's prefill speed from what the gateway saw finish: a
         # request's prefill is done before it ends, so its uncached prompt over its
@@ -173,9 +171,9 @@ class PoolState:
         """Follow pool growth and row reuse (cheap no-op unless membership changed)."""
         pool = self.pool
         cap = pool.table.capacity
-        if pool.version == self._version and len(self.spt) == cap:
+        if pool.version == self._version and len(self.spot) == cap:
             return
-        if len(self.spt) < cap:
+        if len(self.spot) < cap:
             for name in _ROW_ARRAYS:
                 grown = np.zeros(cap)
                 old = getattr(self, name)
@@ -325,12 +323,12 @@ class PoolState:
         sample_s = origin_duration_s if remote else duration_s
         if ok and sample_s is not None and tokens > 0 and sample_s > 0:
             paced = out if out > 0 else tokens  # nothing generated (embeddings): the prompt
-            self._pace(row, sample_s, tokens, paced)
+            self._pace(row, sample_s, paced)
             self._learn_floor(row, req, sample_s)
 
-    def _pace(self, row: int, seconds: float, tokens: float, output: float) -> None:
-        """Fold one finished request into the row's pace: EWMAs of its seconds, its prompt-
-        plus-output tokens and its output tokens; `spt` and `spot` are their ratios.
+    def _pace(self, row: int, seconds: float, output: float) -> None:
+        """Fold one finished request into the row's pace: EWMAs of its seconds and its
+        output tokens; `spot` is their ratio.
 
         Ratios of averages, not averages of ratios: a request's seconds per token swing
         with its mix (a long cached prompt and a short answer read 10x faster per token
@@ -341,9 +339,7 @@ class PoolState:
         median of the twin seeds: p95 geometric mean 0.991 / 0.998 / 0.991 on seeds 0-2,
         seed 0's worst member 2.48 -> 1.87x best-ttft (docs/benchmarks.md)."""
         self.paced_seconds[row] = _ewma(self.paced_seconds[row], seconds, POD_EWMA_ALPHA)
-        self.paced_tokens[row] = _ewma(self.paced_tokens[row], tokens, POD_EWMA_ALPHA)
         self.paced_output[row] = _ewma(self.paced_output[row], output, POD_EWMA_ALPHA)
-        self.spt[row] = self.paced_seconds[row] / self.paced_tokens[row]
         self.spot[row] = self.paced_seconds[row] / self.paced_output[row]
 
     def _learn_floor(self, row: int, req: SchedulingRequest, duration_s: float) -> None:
@@ -763,7 +759,7 @@ class PoolState:
         if guess is None:
             return tps, step
         t = self.pool.table
-        untried = (t.prefill_tps[index] <= 0) & (self.spt[index] <= 0) & (t.inflight[index] <= 0)
+        untried = (t.prefill_tps[index] <= 0) & (self.spot[index] <= 0) & (t.inflight[index] <= 0)
         if not untried.any():
             return tps, step
         return (np.where(untried, guess[0][index], tps),
@@ -787,7 +783,7 @@ class PoolState:
         1.05x with the threshold; half the pool lost family-0-80's win).
         """
         t = self.pool.table
-        known = valid & ((t.prefill_tps > 0) | (self.spt > 0))
+        known = valid & ((t.prefill_tps > 0) | (self.spot > 0))
         if not known.any() or np.count_nonzero(known) < PROBE_AFTER_KNOWN * np.count_nonzero(valid):
             return None
         guess_tps = np.full(t.capacity, tps[known].max())
@@ -809,7 +805,7 @@ class PoolState:
         """The gateway's own speed signal per row: seconds per output token (`spot`).
 
         A duration is mostly decode (output tokens x the step); prompt tokens cost 50-200x
-        less each and a cached prefix nothing, so per prompt-plus-output token (`spt`) a slow
+        less each and a cached prefix nothing, so per prompt-plus-output token a slow
         pod serving long or cached prompts looks fast: in family-0-2 (TensorRT-LLM 70B on
         H100s and A10Gs, no speed on the page) two A10Gs read 0.0049-0.0067 s per token beside
         H100s at 0.004-0.006, joined their speed class and took the p95 tail. Per output token
@@ -944,9 +940,8 @@ def _capacity_groups(sizes: np.ndarray) -> np.ndarray:
 
 
 _ROW_ARRAYS = (
-    "since_tokens", "since_stamp", "spt", "spot", "paced_seconds", "paced_tokens",
-    "paced_output", "slots", "slot_stamp", "slot_running",
-    "slot_steps",
+    "since_tokens", "since_stamp", "spot", "paced_seconds", "paced_output",
+    "slots", "slot_stamp", "slot_running", "slot_steps",
     "sent_tokens", "backlog", "fold_stamp", "fold_sent", "fold_counter", "cached_share",
     "prefill_floor", "adapter_slots", "recent_next", "prefill_due",
 )
