@@ -245,13 +245,18 @@ class _Front:
         self.idle[self.measured[position]][self.client_of[position]].append((replica, t))
 
 
+# Called at each dispatch before the pick, with the twin, the pool, the request and the model
+# time (bench/decisions.py): a diagnostic's look at what the gateway is about to decide.
+Observer = Callable[["Twin", _TwinPool, _Sent, float], None]
+
+
 class Twin:
     """One plan through the gateway's scheduling code, as one replica or N; `run()` once."""
 
     def __init__(self, plan: Plan, profile: str = "llm-d", seed: int = 0, *, replicas: int = 1,
                  coordinated: bool = False, share_scrapes: bool = False,
                  flush_interval_s: float | None = None, rtt_s: float = REDIS_RTT_S,
-                 clients: int = CLIENTS) -> None:
+                 clients: int = CLIENTS, observe: Observer | None = None) -> None:
         if share_scrapes and not coordinated:
             raise ValueError("shared scrape results need coordinated replicas")
         self.plan = plan
@@ -268,6 +273,7 @@ class Twin:
             settings = dataclasses.replace(settings, flush_interval_s=flush_interval_s)
         self.coordination = settings if coordinated and replicas > 1 else None
         self.rtt_s = rtt_s
+        self.observe = observe
         self.front = _Front(plan, replicas, clients)
         specs = {s.name: s for s in parse_fleet({"pods": plan.pods}).pods}
         self.pods: list[_TwinPod] = []
@@ -435,6 +441,8 @@ class Twin:
 
     def _dispatch(self, gateway: _Gateway, tp: _TwinPool, sent: _Sent, t: float) -> None:
         now = t / self.scale
+        if self.observe is not None:
+            self.observe(self, tp, sent, t)
         try:
             pick = tp.scheduler.pick(sent.request, now)
         except NoCandidates:
