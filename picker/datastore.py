@@ -93,7 +93,12 @@ FLOAT_COLUMNS = (
     # prefill batch and every 40th decode step; picker.datalayer.columns)
     "gauge_age_s",
 )
-BOOL_COLUMNS = ("valid", "ready", "draining", "metrics_ok")
+BOOL_COLUMNS = (
+    "valid", "ready", "draining", "metrics_ok",
+    # the last good scrape's page carried no signal a prefill speed is learned from (no
+    # TTFT or prefill-time histogram, no prompt-token counter: Triton's TensorRT-LLM page)
+    "prefill_unmeasured",
+)
 
 
 @dataclass

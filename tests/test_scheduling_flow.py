@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import time
 from collections import Counter, deque
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -25,6 +26,10 @@ import pytest
 
 from contract.config import SaturationConfig, SchedulerConfig, parse_config
 from contract.errors import Overloaded
+from picker.datalayer.columns import write_snapshot
+from picker.datalayer.engines import profile_for
+from picker.datalayer.parser import parse_metrics
+from picker.datalayer.speed import SpeedLearner
 from picker.datalayer.stats import ScrapeCounters
 from picker.datastore import Datastore, Pool
 from picker.director import Director, RequestInfo
@@ -35,6 +40,7 @@ from picker.scheduling.flow import committed, committed_tokens, has_room, pod_ro
 from picker.scheduling.state import DEFAULT_PREFILL_TPS
 
 NOW = 1_000.0
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
 
 def make_pool(n: int = 2, delay: float = 2.0, queue_size: int = 64) -> Pool:
@@ -268,6 +274,40 @@ def test_finished_requests_lift_the_speed_of_a_pod_that_exports_none():
     pool.table.prefill_tps[0] = 500_000.0
     state.invalidate_speeds()
     assert committed(state, NOW + 0.02).saturation == pytest.approx(work / 1_000_000)
+
+
+def test_a_page_that_measures_no_prefill_gets_no_start_bound():
+    """Real pages (tests/fixtures/metrics/): Triton's TensorRT-LLM page has no series a
+    prefill speed is learned from, so its pod is not held to the start delay at the slow
+    default speed; vLLM's and SGLang's pods are, and so is a pod no scrape has read."""
+    pods = {}
+    for engine, page in (("trtllm", "triton-trtllm-2025-04.txt"),
+                         ("vllm", "vllm-0.7-v0-aibrix-docs.txt"),
+                         ("sglang", "sglang-0.4-docs.txt")):
+        config = SchedulerConfig(name=engine, model_name="m", endpoints=("10.0.0.1:8000",),
+                                 engine_type=engine, saturation=SaturationConfig())
+        pool = Pool(config)
+        pool.set_members(config.endpoints)
+        snapshot = parse_metrics((FIXTURES / page).read_text(), profile_for(engine))
+        write_snapshot(pool, 0, snapshot, SpeedLearner(), NOW)
+        sched = Scheduler(pool)
+        for _ in range(5):  # 5,000 tokens: 2.5 s at the default speed
+            sched.on_dispatch(0, req(1000), NOW)
+        pods[engine] = (pool, sched.state)
+    room = {e: bool(pod_room(state, req(1000), NOW, np.arange(1))[0])
+            for e, (_, state) in pods.items()}
+    assert room == {"trtllm": True, "vllm": False, "sglang": False}
+    assert {e: bool(pool.table.prefill_unmeasured[0]) for e, (pool, _) in pods.items()} == {
+        "trtllm": True, "vllm": False, "sglang": False}
+    # the pool's saturation counts no start delay where none is bounded
+    assert committed(pods["trtllm"][1], NOW).saturation == 0.0
+    assert committed(pods["vllm"][1], NOW).saturation > 1.0
+    # before any scrape nothing is known of the page: bounded (the columns' default)
+    pool = make_pool(1)
+    sched = Scheduler(pool)
+    for _ in range(5):
+        sched.on_dispatch(0, req(1000), NOW)
+    assert not pod_room(sched.state, req(1000), NOW, np.arange(1))[0]
 
 
 def test_bound_off_and_cached_prefixes():
