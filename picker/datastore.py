@@ -95,8 +95,9 @@ FLOAT_COLUMNS = (
 )
 BOOL_COLUMNS = (
     "valid", "ready", "draining", "metrics_ok",
-    # the last good scrape's page carried no signal a prefill speed is learned from (no
-    # TTFT or prefill-time histogram, no prompt-token counter: Triton's TensorRT-LLM page)
+    # the pod's engine exports no series a prefill speed is learned from (no TTFT or
+    # prefill-time histogram, no prompt-token counter: Triton's TensorRT-LLM page); set by
+    # each good scrape (picker.datalayer.columns)
     "prefill_unmeasured",
 )
 

@@ -276,32 +276,43 @@ def test_finished_requests_lift_the_speed_of_a_pod_that_exports_none():
     assert committed(state, NOW + 0.02).saturation == pytest.approx(work / 1_000_000)
 
 
+def _committed_pod(engine: str, page: str) -> tuple[Pool, Scheduler]:
+    """One pod of `engine` scraped once (the page's text), then sent 5,000 prompt tokens:
+    2.5 s of work at the default speed, past the 2 s bound."""
+    config = SchedulerConfig(name=engine, model_name="m", endpoints=("10.0.0.1:8000",),
+                             engine_type=engine, saturation=SaturationConfig())
+    pool = Pool(config)
+    pool.set_members(config.endpoints)
+    write_snapshot(pool, 0, parse_metrics(page, profile_for(engine)), SpeedLearner(), NOW)
+    sched = Scheduler(pool)
+    for _ in range(5):
+        sched.on_dispatch(0, req(1000), NOW)
+    return pool, sched
+
+
 def test_a_page_that_measures_no_prefill_gets_no_start_bound():
     """Real pages (tests/fixtures/metrics/): Triton's TensorRT-LLM page has no series a
     prefill speed is learned from, so its pod is not held to the start delay at the slow
-    default speed; vLLM's and SGLang's pods are, and so is a pod no scrape has read."""
-    pods = {}
-    for engine, page in (("trtllm", "triton-trtllm-2025-04.txt"),
-                         ("vllm", "vllm-0.7-v0-aibrix-docs.txt"),
-                         ("sglang", "sglang-0.4-docs.txt")):
-        config = SchedulerConfig(name=engine, model_name="m", endpoints=("10.0.0.1:8000",),
-                                 engine_type=engine, saturation=SaturationConfig())
-        pool = Pool(config)
-        pool.set_members(config.endpoints)
-        snapshot = parse_metrics((FIXTURES / page).read_text(), profile_for(engine))
-        write_snapshot(pool, 0, snapshot, SpeedLearner(), NOW)
-        sched = Scheduler(pool)
-        for _ in range(5):  # 5,000 tokens: 2.5 s at the default speed
-            sched.on_dispatch(0, req(1000), NOW)
-        pods[engine] = (pool, sched.state)
-    room = {e: bool(pod_room(state, req(1000), NOW, np.arange(1))[0])
-            for e, (_, state) in pods.items()}
+    default speed; vLLM's and SGLang's pods are, and so is a pod no scrape has read. It
+    is the engine's property, not one page's: a cold SGLang pod, whose labelled histograms
+    and counters appear only at a request's first observation, is bounded too."""
+    pods = {engine: _committed_pod(engine, (FIXTURES / page).read_text())
+            for engine, page in (("trtllm", "triton-trtllm-2025-04.txt"),
+                                 ("vllm", "vllm-0.7-v0-aibrix-docs.txt"),
+                                 ("sglang", "sglang-0.4-docs.txt"))}
+    room = {e: bool(pod_room(sched.state, req(1000), NOW, np.arange(1))[0])
+            for e, (_, sched) in pods.items()}
     assert room == {"trtllm": True, "vllm": False, "sglang": False}
     assert {e: bool(pool.table.prefill_unmeasured[0]) for e, (pool, _) in pods.items()} == {
         "trtllm": True, "vllm": False, "sglang": False}
+    cold = "".join(line for line in (FIXTURES / "sglang-0.4-docs.txt").read_text()
+                   .splitlines(keepends=True)
+                   if line.startswith(("sglang:num_", "sglang:token_usage")))
+    _, sched = _committed_pod("sglang", cold)
+    assert not pod_room(sched.state, req(1000), NOW, np.arange(1))[0]
     # the pool's saturation counts no start delay where none is bounded
-    assert committed(pods["trtllm"][1], NOW).saturation == 0.0
-    assert committed(pods["vllm"][1], NOW).saturation > 1.0
+    assert committed(pods["trtllm"][1].state, NOW).saturation == 0.0
+    assert committed(pods["vllm"][1].state, NOW).saturation > 1.0
     # before any scrape nothing is known of the page: bounded (the columns' default)
     pool = make_pool(1)
     sched = Scheduler(pool)

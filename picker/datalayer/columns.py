@@ -28,10 +28,6 @@ GAUGE_COLUMNS: tuple[tuple[Signal, str], ...] = (
     (Signal.KV_BLOCK_SIZE, "kv_block_size"),
     (Signal.KV_NUM_BLOCKS, "kv_num_blocks"),
 )
-# What a prefill speed is learned from (picker.datalayer.speed): a page with none of them
-# (Triton's TensorRT-LLM backend) leaves the speed to the gateway's guesses.
-PREFILL_SIGNALS = (Signal.TTFT_SUM, Signal.PREFILL_TIME_SUM, Signal.PROMPT_TOKENS,
-                   Signal.FINISHED_PROMPT_TOKENS)
 # The load gauges `_date_gauges` watches: a setting of them nearly always moves the KV share.
 LOAD_GAUGES = GAUGE_COLUMNS[:3]
 WRITTEN_COLUMNS = (
@@ -59,7 +55,7 @@ def write_snapshot(pool: Pool, row: int, snapshot: MetricsSnapshot, learner: Spe
     table.prompt_tokens_total[row] = values.get(Signal.PROMPT_TOKENS, math.nan)
     table.engine_steps[row] = values.get(Signal.ITERATIONS,
                                          values.get(Signal.GENERATION_TOKENS, math.nan))
-    table.prefill_unmeasured[row] = not any(signal in values for signal in PREFILL_SIGNALS)
+    table.prefill_unmeasured[row] = not profile_for(pool.config.engine_type).measures_prefill
     _write_lora(pool, row, snapshot)
     learner.update(table, row, snapshot, now)
     pool.mark_scrape(row, True, now=now)

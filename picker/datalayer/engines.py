@@ -69,6 +69,10 @@ _AGGREGATE = {Signal.KV_USAGE: Aggregate.MAX, Signal.LORA_INFO: Aggregate.NEWEST
 
 INFO_SIGNALS = frozenset({Signal.LORA_INFO, Signal.CACHE_INFO})
 REQUIRED_SIGNALS = frozenset({Signal.WAITING, Signal.RUNNING, Signal.KV_USAGE})
+# What a prefill speed is learned from (picker.datalayer.speed): an engine whose page has
+# none of them (Triton's TensorRT-LLM backend) leaves the speed to the gateway's guesses.
+PREFILL_SIGNALS = frozenset({Signal.TTFT_SUM, Signal.PREFILL_TIME_SUM, Signal.PROMPT_TOKENS,
+                             Signal.FINISHED_PROMPT_TOKENS})
 
 
 def aggregate_of(signal: Signal) -> Aggregate:
@@ -140,6 +144,13 @@ class EngineProfile:
 
     def signals(self) -> tuple[Signal, ...]:
         return tuple(dict.fromkeys(s for _, s in self.series))
+
+    @property
+    def measures_prefill(self) -> bool:
+        """Whether the page has series a prefill speed is learned from (`PREFILL_SIGNALS`).
+        A property of the engine, not of one page: SGLang creates its labelled histograms at
+        a request's first observation, so a cold pod's page has none yet."""
+        return not PREFILL_SIGNALS.isdisjoint(self.names.values())
 
 
 _KEY_RE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"\})?')

@@ -35,7 +35,7 @@ share the slots (picker.scheduling.shares) does the pick prefer a pod with a
 slot free (`free_slots`), so that a tenant within its share starts at once.
 Unknown slots: only the start-delay bound applies.
 
-Where a pod's page carries nothing a prefill speed is learned from (no TTFT or
+Where a pod's engine exports nothing a prefill speed is learned from (no TTFT or
 prefill-time histogram, no prompt-token counter: Triton's TensorRT-LLM page,
 `prefill_unmeasured`), the start-delay bound is not applied to it. There the speed is
 the deliberately slow default (1,000 tokens/s), or the floor its finished requests
