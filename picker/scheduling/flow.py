@@ -98,11 +98,11 @@ def pod_room(
 def start_speeds(state: PoolState, now: float, index: slice | np.ndarray) -> np.ndarray:
     """Prefill tokens/s of rows `index` for the start-delay bound: the latency model's
     speed, or the floor the pod's finished requests prove when that is higher. Without
-    the floor, a pod whose speed is not learned (yet, or ever: a page without prefill
-    signals before its first good scrape says so) keeps the slow default, and a fast pod
+    the floor, a pod whose speed is not learned keeps the slow default, and a fast pod
     was held to `maxStartDelay` x 1,000 tokens in flight (measured: 140 requests/s at
     concurrency 32 through `igw bench --overhead`'s one-token pod, against 2,260 without
-    the bound).
+    the bound). Pods whose engine exports no prefill signal at all are not bounded
+    (`pod_room`).
     """
     return np.maximum(state.speeds(now)[0][index], state.prefill_floor[index])
 
