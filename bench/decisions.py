@@ -80,9 +80,10 @@ class DecisionLog:
                 decision.filtered[name] = pod["filtered_reason"]
             elif "predicted_ttft_s" in pod:
                 decision.predicted[name] = pod["predicted_ttft_s"] * scale
+        # first_token_in runs a copy of the probe, so one serves every pod
+        probe, _ = build_request(sent.body, sent.spec_model, tp.base_model, True)
         for (pool, _row), pod in twin.by_row.items():
             if pool == tp.pool.name:
-                probe, _ = build_request(sent.body, sent.spec_model, tp.base_model, True)
                 decision.truth[pod.replay.spec.name] = pod.replay.first_token_in(probe, t)
         self.decisions.append(decision)
         self._sent.append(sent)
@@ -115,9 +116,14 @@ def observe(seed: int, member: int, twin_seed: int = 0) -> tuple[list[Decision],
 def summary(decisions: list[Decision], ttfts: list[float]) -> dict[str, Any]:
     """p95, and the regret over all decisions and over the p95 tail's."""
     p95 = float(np.percentile(ttfts, 95)) if ttfts else math.nan
-    tail = [d for d in decisions if d.ttft is not None and d.ttft >= p95]
     return {"requests": len(ttfts), "p95": p95, "all": _regret(decisions),
-            "tail": _regret(tail)}
+            "tail": _regret(tail_of(decisions, p95))}
+
+
+def tail_of(decisions: list[Decision], p95: float) -> list[Decision]:
+    """The decisions whose request's TTFT is at or above `p95`, in dispatch order."""
+    return sorted((d for d in decisions if d.ttft is not None and d.ttft >= p95),
+                  key=lambda d: d.at)
 
 
 def _regret(decisions: list[Decision]) -> dict[str, float]:
@@ -163,9 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: {r['decisions']} decisions, regret mean {r['mean_regret_s']:.3f} s, "
                   f"p90 {r['p90_regret_s']:.3f} s, over {MISS_S * 1000:.0f} ms in "
                   f"{r['missed_share']:.0%}; held in the gateway's queue {r['mean_held_s']:.3f} s")
-    tail = sorted((d for d in decisions if d.ttft is not None and d.ttft >= info["p95"]),
-                  key=lambda d: d.at)
-    for d in tail[:args.tail]:
+    for d in tail_of(decisions, info["p95"])[:args.tail]:
         print(_line(d))
     return 0
 

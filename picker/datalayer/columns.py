@@ -47,7 +47,8 @@ def write_snapshot(pool: Pool, row: int, snapshot: MetricsSnapshot, learner: Spe
     """Fill `row` from a good scrape taken at monotonic time `now`, then mark it ok."""
     table = pool.table
     values = snapshot.values
-    _date_gauges(pool, row, snapshot, now)
+    profile = profile_for(pool.config.engine_type)
+    _date_gauges(pool, row, snapshot, profile.gauge_steps, now)
     for signal, column in GAUGE_COLUMNS:
         getattr(table, column)[row] = values.get(signal, 0.0)
     # NaN, not 0, when absent: the scheduler's prefill backlog must tell "no counter"
@@ -55,13 +56,14 @@ def write_snapshot(pool: Pool, row: int, snapshot: MetricsSnapshot, learner: Spe
     table.prompt_tokens_total[row] = values.get(Signal.PROMPT_TOKENS, math.nan)
     table.engine_steps[row] = values.get(Signal.ITERATIONS,
                                          values.get(Signal.GENERATION_TOKENS, math.nan))
-    table.prefill_unmeasured[row] = not profile_for(pool.config.engine_type).measures_prefill
+    table.prefill_unmeasured[row] = not profile.measures_prefill
     _write_lora(pool, row, snapshot)
     learner.update(table, row, snapshot, now)
     pool.mark_scrape(row, True, now=now)
 
 
-def _date_gauges(pool: Pool, row: int, snapshot: MetricsSnapshot, now: float) -> None:
+def _date_gauges(pool: Pool, row: int, snapshot: MetricsSnapshot, steps: int,
+                 now: float) -> None:
     """`gauge_age_s`: how long before this scrape, at the most, the engine set the gauges
     it reads.
 
@@ -72,7 +74,6 @@ def _date_gauges(pool: Pool, row: int, snapshot: MetricsSnapshot, now: float) ->
     at most `gauge_steps` steps old; values that differ from the last scrape's were set
     after it. Read before the row is overwritten."""
     table = pool.table
-    steps = profile_for(pool.config.engine_type).gauge_steps
     if not steps:
         table.gauge_age_s[row] = 0.0
         return
