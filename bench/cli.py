@@ -8,7 +8,7 @@
     igw bench --twin-replicas 1,2,4                # the same in the twin (virtual time)
     igw bench --family 100 --seed 0                # the gateway's twin on a scenario family
     igw bench --family 4 --live                    # the family's sample live, then
-    igw bench --family 4 --twin-check --out DIR    # the twin against it
+    igw bench --family 4 --twin-check --out DIR    # the twin against it (DIR/family-live.json)
     igw bench --ext-proc-servers                   # grpc.aio vs grpclib vs ours behind Envoy
     igw bench --guidellm-check --guidellm PATH     # TTFT cross-check with guidellm
     igw bench --global-cost --duration 30          # the global router's cost vs fastest
@@ -188,8 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.twin_check:
         from bench.twin import live_check
 
-        live_check([] if args.family and args.scenario == "all" else _scenarios(args.scenario),
-                   args.seed, args.out or RESULTS, args.family)
+        results = args.out or RESULTS
+        rows = live_check([] if args.family and args.scenario == "all"
+                          else _scenarios(args.scenario), args.seed, results, args.family)
+        if args.family:  # for the report's family section (bench.family.update_report)
+            from bench.family import LIVE_SAMPLE
+
+            command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+            ran = sorted({name for row in rows for name in row["live_p95"]})
+            doc = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                   "command": command, "seed": args.seed, "routers": ran, "rows": rows}
+            (results / LIVE_SAMPLE).write_text(json.dumps(doc, indent=1))
         return 0
     if args.family is not None:
         from bench.family import TWIN_SEEDS, run_family

@@ -555,6 +555,7 @@ def _describe_pool(pool: dict[str, Any]) -> str:
 
 FAMILY_HEADING = "## Scenario family"
 FAMILY_PLOT = "family-ratios.png"
+LIVE_SAMPLE = "family-live.json"  # `--twin-check --family K`'s rows, shown in the section
 
 
 def run_family(seed: int, count: int, out: Path, twin_only: bool = False,
@@ -748,8 +749,50 @@ def update_report(out: Path) -> bool:
     ]
     if drawn:
         section += ["", f"![gateway p95 over the yardsticks, per scenario]({FAMILY_PLOT})"]
+    live = out / LIVE_SAMPLE
+    if live.exists():
+        section += ["", *live_sample_lines(orjson.loads(live.read_bytes()))]
     report.write_text((text + "\n\n" if text else "") + "\n".join(section) + "\n")
     return True
+
+
+def live_sample_lines(doc: dict[str, Any]) -> list[str]:
+    """The live sample against the twin (`igw bench --family K --twin-check`'s
+    family-live.json, bench.twin.check_row's rows): per member the live routers' p95 and
+    whether the twin ranks the gateway as live does, against round-robin and against the
+    best simple alternative."""
+    rows = doc["rows"]
+    lines = [f"### The family's sample live ({len(rows)} members, {doc['date']})", "",
+             f"`{doc['command']}` on the live runs of `igw bench --family {len(rows)} --live "
+             f"--routers {','.join(doc['routers'])}` (each member with its own warm-up), the "
+             f"twin on the same plans (twin seed {doc['seed']}). Live failures are requests "
+             "still unfinished at the run's drain cut; the twin has no cut. Ranking: the "
+             "gateway over round-robin (twin: over the "
+             "replay's strict rotation) and over the best other router (live: the best open "
+             "router that ran; twin: the better of the replay's least-work and adapter-affine), "
+             "each ✓ where twin and live fall on the same side of 1.", "",
+             "| member | live p95 gateway (s) | twin / live p95 | gateway over round-robin, "
+             "twin / live | | gateway over the best other, twin / live | | failed twin / "
+             "live |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        agrees = row["agrees"]
+        lines.append(
+            f"| {row['scenario']} | {row['live']['ttft_p95']:.3f} | {row['p95_ratio']:.2f} | "
+            f"{_fmt(row['twin_vs_round_robin'], 2)} / {_fmt(row['live_vs_envoy_rr'], 2)} | "
+            f"{_mark(agrees['round_robin'])} | {_fmt(row['twin_vs_other'], 2)} "
+            f"({row['twin_other']}) / {_fmt(row.get('live_vs_open_router'), 2)} "
+            f"({row.get('live_open_router', 'none ran')}) | {_mark(agrees['other'])} | "
+            f"{row['failed']['twin']} / {row['failed']['live']} |")
+    lines.append("")
+    for key, label in (("round_robin", "round-robin"), ("other", "the best other")):
+        judged = [r["agrees"][key] for r in rows if r["agrees"][key] is not None]
+        lines.append(f"Against {label} the twin ranks the gateway as live in {sum(judged)} of "
+                     f"{len(judged)} members.")
+    return lines
+
+
+def _mark(agrees: bool | None) -> str:
+    return "n/a" if agrees is None else ("✓" if agrees else "✗")
 
 
 def _repeats(doc: dict[str, Any]) -> str:

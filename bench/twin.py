@@ -673,16 +673,22 @@ def twin(plan: Plan, profile: str = "llm-d", seed: int = 0) -> ReplayResult:
     return Twin(plan, profile, seed).run()
 
 
+# Live routers that are "another router" for the ranking: the open routers a user would try
+# instead of this gateway (bench/routers.py, kinds sglang and vllm).
+OPEN_ROUTER_KINDS = ("sglang", "vllm")
+# The replay's stand-ins for them in the twin's ranking: load- and adapter-aware policies that,
+# like them, know nothing of a pod's speed (best-ttft, the other yardstick, knows everything).
+OTHER_YARDSTICKS = ("least-work", "adapter-affine")
+
+
 def live_check(names: list[str], seed: int, results: Path,
                family: int | None = None) -> list[dict[str, Any]]:
     """The twin against the live runs in `results`/<name>.json: each hand-written scenario's
     plan with the live run's warm-up (the plan of seed + 1000, 3 s wall, bench/cli.py) and,
     with `family`, the family sample `igw bench --family K --live` runs (bench.family.sample,
-    each member with its own warm-up). Per scenario: the twin's p95 over the live gateway
-    llm-d's (can the twin stand in for it?) and the ranking against round-robin, the twin's
-    over the replay's strict round-robin beside the live gateway's over Envoy's."""
+    each member with its own warm-up). One row per scenario (`check_row`); printed, and
+    returned for `family-live.json`."""
     from bench.family import sample, warm_started
-    from bench.replay import replay_reference
     from bench.scenarios import SCENARIOS
 
     cases: list[tuple[str, Path, Any]] = [(name, results / f"{name}.json", None)
@@ -703,24 +709,72 @@ def live_check(names: list[str], seed: int, results: Path,
             plan = warm_started(plan, SCENARIOS[name].plan(seed + 1000, 3.0, scale), scale)
         else:
             plan = member
-        measured = measured_indices(plan)
-        result = twin(plan, seed=seed)
-        figs = result.percentiles(measured)
-        rr = replay_reference(plan, ("round-robin",))["round-robin"]["ttft_p95"]
-        ours = live["igw-llm-d"]
-        row: dict[str, Any] = {
-            "scenario": name, "twin": figs,
-            "live": {k: ours[k] for k in ("ttft_p50", "ttft_p95", "ttft_p99")},
-            "failed": {"twin": sum(result.ttft_s[i] is None for i in measured),
-                       "live": ours.get("errors", 0)},
-            "p95_ratio": round(figs["ttft_p95"] / ours["ttft_p95"], 3),
-            "twin_vs_round_robin": round(figs["ttft_p95"] / rr, 3) if rr else None,
-            "live_vs_envoy_rr": round(ours["ttft_p95"] / live["envoy-rr"]["ttft_p95"], 3)
-            if "envoy-rr" in live else None}
+        row = check_row(name, plan, live, seed)
         rows.append(row)
-        print(f"{name}: twin p50/p95/p99 {figs['ttft_p50']}/{figs['ttft_p95']}/"
-              f"{figs['ttft_p99']} s, live {ours['ttft_p50']}/{ours['ttft_p95']}/"
-              f"{ours['ttft_p99']} s, p95 twin/live {row['p95_ratio']}; over round-robin "
-              f"twin {row['twin_vs_round_robin']}, live {row['live_vs_envoy_rr']}; failed "
-              f"twin {row['failed']['twin']}, live {row['failed']['live']}", flush=True)
+        print(_check_line(row), flush=True)
     return rows
+
+
+def check_row(name: str, plan: Plan, live: dict[str, dict[str, Any]],
+              seed: int) -> dict[str, Any]:
+    """One scenario's twin against its live run (`live`: the run's summaries by router name,
+    `igw-llm-d` among them): the twin's p95 over the live gateway's (can the twin stand in
+    for it?), and the two rankings side by side, each on the same side of 1 or not:
+    - against round-robin: the twin's over the replay's strict rotation, live's over Envoy's;
+    - against another router: live, the best open router that ran (sglang-router,
+      vllm-router); in the twin, the best of the replay's `OTHER_YARDSTICKS`. Not the same
+      policies, so the check is whether the gateway stands on the same side of the best
+      simple alternative, not a figure the twin predicts."""
+    from bench.replay import replay_reference
+    from bench.routers import ROUTERS
+
+    measured = measured_indices(plan)
+    result = twin(plan, seed=seed)
+    figs = result.percentiles(measured)
+    refs = replay_reference(plan, ("round-robin", *OTHER_YARDSTICKS))
+    ours = live["igw-llm-d"]
+    row: dict[str, Any] = {
+        "scenario": name, "twin": figs,
+        "live": {k: ours[k] for k in ("ttft_p50", "ttft_p95", "ttft_p99")},
+        "live_p95": {k: v["ttft_p95"] for k, v in live.items()},
+        "failed": {"twin": sum(result.ttft_s[i] is None for i in measured),
+                   "live": ours.get("errors", 0)},
+        "p95_ratio": round(figs["ttft_p95"] / ours["ttft_p95"], 3),
+        "twin_vs_round_robin": _over(figs["ttft_p95"], refs["round-robin"]["ttft_p95"]),
+        "live_vs_envoy_rr": _over(ours["ttft_p95"], live.get("envoy-rr", {}).get("ttft_p95"))}
+    other = min(OTHER_YARDSTICKS, key=lambda k: refs[k]["ttft_p95"])
+    row["twin_other"] = other
+    row["twin_vs_other"] = _over(figs["ttft_p95"], refs[other]["ttft_p95"])
+    open_routers = {k: v for k, v in live.items()
+                    if k in ROUTERS and ROUTERS[k].kind in OPEN_ROUTER_KINDS}
+    if open_routers:
+        best = min(open_routers, key=lambda k: open_routers[k]["ttft_p95"])
+        row["live_open_router"] = best
+        row["live_vs_open_router"] = _over(ours["ttft_p95"], open_routers[best]["ttft_p95"])
+    row["agrees"] = {key: _same_side(row.get(t), row.get(lv)) for key, t, lv in (
+        ("round_robin", "twin_vs_round_robin", "live_vs_envoy_rr"),
+        ("other", "twin_vs_other", "live_vs_open_router"))}
+    return row
+
+
+def _over(value: float, reference: float | None) -> float | None:
+    return round(value / reference, 3) if reference else None
+
+
+def _same_side(twin_ratio: float | None, live_ratio: float | None) -> bool | None:
+    """Both ratios below 1 or both at or above it; None where one is missing."""
+    if twin_ratio is None or live_ratio is None:
+        return None
+    return (twin_ratio < 1.0) == (live_ratio < 1.0)
+
+
+def _check_line(row: dict[str, Any]) -> str:
+    twin_figs, live_figs = row["twin"], row["live"]
+    line = (f"{row['scenario']}: twin p50/p95/p99 {twin_figs['ttft_p50']}/{twin_figs['ttft_p95']}/"
+            f"{twin_figs['ttft_p99']} s, live {live_figs['ttft_p50']}/{live_figs['ttft_p95']}/"
+            f"{live_figs['ttft_p99']} s, p95 twin/live {row['p95_ratio']}; over round-robin "
+            f"twin {row['twin_vs_round_robin']}, live {row['live_vs_envoy_rr']}; over "
+            f"{row['twin_other']} twin {row['twin_vs_other']}")
+    if "live_open_router" in row:
+        line += f", over {row['live_open_router']} live {row['live_vs_open_router']}"
+    return (line + f"; failed twin {row['failed']['twin']}, live {row['failed']['live']}")

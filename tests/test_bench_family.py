@@ -29,7 +29,7 @@ from bench.fleet import Pod, SimFleet
 from bench.replay import measured_indices, replay
 from bench.routers import ROUTERS, TlsMaterial, gateway_config
 from bench.scenarios import SCENARIOS, Plan, PoolPlan, capacities, chat_request, make_pods
-from bench.twin import twin
+from bench.twin import check_row, twin
 from bench.workload import Corpus, lognormal, poisson_arrivals
 
 MODEL = "llama-3.1-8b"
@@ -207,6 +207,43 @@ def test_report_gains_a_family_section_replaced_on_each_run(tmp_path) -> None:
     assert f"]({family.FAMILY_PLOT})" in first
     family.update_report(tmp_path)  # a second run replaces the section, nothing else
     assert (tmp_path / "REPORT.md").read_text() == first
+
+
+def _summary(p95: float) -> dict[str, float]:
+    return {"ttft_p50": p95 / 3, "ttft_p95": p95, "ttft_p99": p95 * 1.5, "errors": 0}
+
+
+def test_twin_check_ranks_against_round_robin_and_the_best_open_router(tmp_path) -> None:
+    """The twin runs for real on the mixed plan; the live summaries are written here (what a
+    live run's <member>.json holds), chosen to put the live gateway on known sides of 1."""
+    plan = _mixed_plan()
+    ours = twin(plan).percentiles(measured_indices(plan))["ttft_p95"]
+    live = {"igw-llm-d": _summary(ours), "envoy-rr": _summary(4 * ours),
+            "igw-epp": _summary(ours / 10),  # our own profile: not another router
+            "sglang-cache": _summary(0.5 * ours), "vllm-p2": _summary(0.8 * ours)}
+    row = check_row("twin-mixed", plan, live, 0)
+    assert row["p95_ratio"] == 1.0 and row["live_vs_envoy_rr"] == 0.25
+    assert row["twin_vs_round_robin"] < 1.0 and row["agrees"]["round_robin"] is True
+    assert row["live_open_router"] == "sglang-cache" and row["live_vs_open_router"] == 2.0
+    assert row["twin_other"] in ("least-work", "adapter-affine")
+    # the twin beats least-work on a mixed fleet: it ranks the gateway ahead, live behind
+    assert row["twin_vs_other"] < 1.0 and row["agrees"]["other"] is False
+    del live["sglang-cache"], live["vllm-p2"]
+    alone = check_row("twin-mixed", plan, live, 0)
+    assert "live_open_router" not in alone and alone["agrees"]["other"] is None
+    doc = {"date": "today", "command": "igw bench --family 2 --twin-check", "seed": 0,
+           "routers": sorted(live), "rows": [row, alone]}
+    (tmp_path / family.LIVE_SAMPLE).write_bytes(orjson.dumps(doc))
+    (tmp_path / "family.json").write_bytes(orjson.dumps(
+        {"seed": 0, "count": 1, "twin_only": True, "seconds": 1.0,
+         "aggregate": family.aggregate([_row("family-0-0", 1.0, 0.5)]),
+         "scenarios": [_row("family-0-0", 1.0, 0.5)]}))
+    assert family.update_report(tmp_path)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "### The family's sample live (2 members, today)" in text
+    assert "| ✓ |" in text and "| ✗ |" in text and "(none ran) | n/a |" in text
+    assert "Against round-robin the twin ranks the gateway as live in 2 of 2 members." in text
+    assert "Against the best other the twin ranks the gateway as live in 0 of 1 members." in text
 
 
 def test_twin_holds_requests_in_the_gateways_admission_once_slots_are_learned(
