@@ -33,7 +33,6 @@ reference policy of the replay runs the same warm-up. Family plans run at time_s
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import math
@@ -43,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -570,17 +569,10 @@ def run_family(seed: int, count: int, out: Path, twin_only: bool = False,
     started = time.perf_counter()
     tasks = [(seed, index, seeds, {k: v for k, v in cached.items()
                                    if k[0] == f"family-{seed}-{index}"}) for index in range(count)]
-    jobs = max(1, jobs or os.cpu_count() or 1)
     rows = []
-    with contextlib.ExitStack() as stack:
-        if jobs > 1:
-            pool = stack.enter_context(ProcessPoolExecutor(jobs))
-            results = pool.map(_member_row, tasks)
-        else:
-            results = map(_member_row, tasks)
-        for row in results:
-            rows.append(row)
-            print(_line(row), flush=True)
+    for row in parallel_map(_member_row, tasks, jobs):
+        rows.append(row)
+        print(_line(row), flush=True)
     doc = {"seed": seed, "count": count, "twin_only": twin_only,
            "seconds": round(time.perf_counter() - started, 1),
            "aggregate": aggregate(rows), "scenarios": rows}
@@ -595,6 +587,22 @@ def run_family(seed: int, count: int, out: Path, twin_only: bool = False,
           f"{agg['vs_best_ttft']['share_within_target']:.0%}; vs round-robin worst "
           f"{agg['vs_round_robin']['worst']}; results: {out / 'family.md'}", flush=True)
     return doc
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def parallel_map(fn: Callable[[T], R], items: Sequence[T], jobs: int | None) -> Iterator[R]:
+    """`fn` over `items` in order, `jobs` at once in worker processes (default: one per core;
+    1: in this process). Members are deterministic on their own, so the results are the same
+    however many run at once."""
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    if jobs == 1:
+        yield from map(fn, items)
+        return
+    with ProcessPoolExecutor(jobs) as pool:
+        yield from pool.map(fn, items)
 
 
 def _member_row(task: tuple[int, int, int, dict[tuple[str, str], Any]]) -> dict[str, Any]:

@@ -22,18 +22,15 @@ fingerprint) is skipped: its yardsticks would not match.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import os
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bench.family import fingerprint, run_scenario, scenario
+from bench.family import fingerprint, parallel_map, run_scenario, scenario
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # A member whose p95 moved by more than this factor either way is named in the summary.
@@ -108,16 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     members = None if args.members is None else [int(i) for i in args.members.split(",")]
     rows = select(doc["scenarios"], members, args.engine, args.adapters)
-    jobs = max(1, args.jobs or os.cpu_count() or 1)
     pairs = []
-    with contextlib.ExitStack() as stack:
-        run = stack.enter_context(ProcessPoolExecutor(jobs)).map if jobs > 1 else map
-        for old, new in zip(rows, run(screen_row, rows), strict=True):
-            if new is None:
-                print(f"{old['name']}: plan changed since the baseline, skipped", flush=True)
-                continue
-            pairs.append((old, new))
-            print(_line(old, new), flush=True)
+    for old, new in zip(rows, parallel_map(screen_row, rows, args.jobs), strict=True):
+        if new is None:
+            print(f"{old['name']}: plan changed since the baseline, skipped", flush=True)
+            continue
+        pairs.append((old, new))
+        print(_line(old, new), flush=True)
     info = summary(pairs)
     if not info["members"]:
         print("no member screened")
