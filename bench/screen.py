@@ -87,13 +87,21 @@ def _line(old: dict[str, Any], new: dict[str, Any]) -> str:
             f"p95 {new['gateway'].get('p95_by_seed', new['gateway']['ttft_p95'])}")
 
 
+def _indices(text: str) -> list[int]:
+    try:
+        return [int(i) for i in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated member indices: {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.screen",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the family's seed")
     p.add_argument("--base", type=Path, default=None,
                    help="the baseline family.json (default bench/results/family.json)")
-    p.add_argument("--members", default=None, help="member indices, comma-separated")
+    p.add_argument("--members", type=_indices, default=None,
+                   help="member indices, comma-separated")
     p.add_argument("--engine", default=None, help="only members with a pool on this engine")
     p.add_argument("--adapters", action="store_true", help="only members with adapters")
     p.add_argument("--jobs", type=int, default=None, help="members at once (default: cores)")
@@ -103,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the baseline is the family of seed {doc['seed']}, not {args.seed}",
               file=sys.stderr)
         return 2
-    members = None if args.members is None else [int(i) for i in args.members.split(",")]
-    rows = select(doc["scenarios"], members, args.engine, args.adapters)
+    rows = select(doc["scenarios"], args.members, args.engine, args.adapters)
     pairs = []
     for old, new in zip(rows, parallel_map(screen_row, rows, args.jobs), strict=True):
         if new is None:

@@ -51,3 +51,6 @@ def test_a_member_on_unchanged_code_reads_its_baseline_and_a_changed_plan_is_ski
     out = capsys.readouterr().out
     assert "family-0-16: x best-ttft" in out and "geometric mean 1.0000; moved" in out
     assert screen.main(["--seed", "1", "--base", str(base)]) == 2
+    with pytest.raises(SystemExit) as bad:  # argparse's usage error, not a traceback
+        screen.main(["--seed", "0", "--base", str(base), "--members", "16,x"])
+    assert bad.value.code == 2
