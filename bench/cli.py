@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.family import member_indices
 from bench.routers import DEFAULT_ROUTERS, ROUTERS, parse_routers, versions
 from bench.scenarios import ALL, SCENARIOS, Plan, Scenario
 
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "to bench/results/family.md (+ .json). With --replicas or "
                         "--twin-replicas: instead of --scenario, a sample of N members a live "
                         "run can afford, spread over the family's kinds (family.sample)")
+    p.add_argument("--members", type=member_indices, default=None, metavar="I[,I...]",
+                   help="with --family's sample and --replicas or --twin-replicas: only the "
+                        "sample's members of these family indices")
     p.add_argument("--twin-replicas", default=None, metavar="N[,N...]",
                    help="the gateway's twin as N replicas behind the L4 front, not coordinated "
                         "and coordinated (bench/replicas_twin.py), on --scenario's plans as "
@@ -314,9 +318,10 @@ def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
             failed = 0
         else:
             if args.family is not None:  # a family sample, each member's arrivals at every N
-                from bench.family import live_run, sample
+                from bench.family import live_run, sample_of
 
-                items = [live_run(member) for member in sample(args.seed, args.family)]
+                items = [live_run(member)
+                         for member in sample_of(args.seed, args.family, args.members)]
             else:
                 items = _named(["tiny"] if args.smoke else _scenarios(args.scenario), args)
             names = [scenario.name for scenario, _, _ in items]
@@ -347,7 +352,7 @@ def twin_replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     family = (args.seed, args.family) if args.family is not None else None
     command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
     run(names, family, counts, modes, args.repeats or 1, args.seed, args.out or RESULTS, command,
-        args.duration, args.time_scale)
+        args.duration, args.time_scale, args.members)
     return 0
 
 

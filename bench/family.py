@@ -33,6 +33,7 @@ reference policy of the replay runs the same warm-up. Family plans run at time_s
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import math
@@ -372,6 +373,24 @@ def sample(seed: int, count: int) -> list[Plan]:
         picked.append(best)
         covered |= kinds[best]
     return [candidates[i] for i in picked]
+
+
+def member_indices(text: str) -> list[int]:
+    """Family indices from a command line ("27,92"), for argparse's `type`."""
+    try:
+        return [int(i) for i in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated member indices: {text!r}") from None
+
+
+def sample_of(seed: int, count: int, members: Sequence[int] | None = None) -> list[Plan]:
+    """`sample(seed, count)`, only its members whose family index is in `members` when given:
+    a change that can move a few of them is re-measured on those alone (every member is
+    deterministic, so the others would read as before)."""
+    plans = sample(seed, count)
+    if members is None:
+        return plans
+    return [plan for plan in plans if plan.calibration["params"]["index"] in members]
 
 
 def live_run(member: Plan) -> tuple[Scenario, Plan, Plan]:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.family import describe, sample, warm_started
+from bench.family import describe, sample_of, warm_started
 from bench.output import write_results
 from bench.replay import measured_indices
 from bench.scenarios import SCENARIOS, Plan
@@ -97,9 +97,9 @@ def run_plan(plan: Plan, configs: list[tuple[int, str]], repeats: int) -> dict[s
 
 def run(names: list[str], family: tuple[int, int] | None, counts: list[int], modes: list[str],
         repeats: int, seed: int, out: Path, command: str, duration: float | None = None,
-        time_scale: float | None = None) -> dict[str, Any]:
-    """The named scenarios and, given (family seed, count), the family sample; merged into
-    out/replicas-twin.json and rendered to replicas-twin.md."""
+        time_scale: float | None = None, members: list[int] | None = None) -> dict[str, Any]:
+    """The named scenarios and, given (family seed, count), the family sample (its `members`
+    only, when given); merged into out/replicas-twin.json and rendered to replicas-twin.md."""
     path = out / f"{STEM}.json"
     doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     settings = CoordinationConfig(url="redis://twin")
@@ -111,7 +111,7 @@ def run(names: list[str], family: tuple[int, int] | None, counts: list[int], mod
         plans += [(plan, {"kind": "family", "seed": plan.calibration["params"]["seed"],
                           "index": plan.calibration["params"]["index"],
                           "describe": describe(plan.calibration["params"])})
-                  for plan in sample(*family)]
+                  for plan in sample_of(*family, members)]
     configs = configurations(counts, modes)
     for plan, about in plans:
         print(f"{plan.scenario}: {len(measured_indices(plan))} measured requests, time_scale "

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from bench.family import fingerprint, parallel_map, run_scenario, scenario
+from bench.family import fingerprint, member_indices, parallel_map, run_scenario, scenario
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # A member whose p95 moved by more than this factor either way is named in the summary.
@@ -87,20 +87,13 @@ def _line(old: dict[str, Any], new: dict[str, Any]) -> str:
             f"p95 {new['gateway'].get('p95_by_seed', new['gateway']['ttft_p95'])}")
 
 
-def _indices(text: str) -> list[int]:
-    try:
-        return [int(i) for i in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not comma-separated member indices: {text!r}") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.screen",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the family's seed")
     p.add_argument("--base", type=Path, default=None,
                    help="the baseline family.json (default bench/results/family.json)")
-    p.add_argument("--members", type=_indices, default=None,
+    p.add_argument("--members", type=member_indices, default=None,
                    help="member indices, comma-separated")
     p.add_argument("--engine", default=None, help="only members with a pool on this engine")
     p.add_argument("--adapters", action="store_true", help="only members with adapters")

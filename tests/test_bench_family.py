@@ -3,6 +3,7 @@ fork (bench/replay.py), and the gateway's twin (bench/twin.py)."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import random
 
@@ -22,7 +23,9 @@ from bench.family import (
     arrivals,
     draw_params,
     live_run,
+    member_indices,
     sample,
+    sample_of,
     scenario,
 )
 from bench.fleet import Pod, SimFleet
@@ -132,6 +135,16 @@ def test_live_run_sends_the_members_warm_up_then_its_measured_requests_from_zero
     assert measured.requests[0].at == pytest.approx(member.requests[len(warm.requests)].at
                                                     - start)
     assert 0.0 <= measured.requests[0].at < measured.requests[-1].at <= measured.duration_s
+
+
+def test_sample_of_keeps_the_members_asked_for_in_the_samples_order() -> None:
+    whole = sample(0, 4)
+    indices = [plan.calibration["params"]["index"] for plan in whole]
+    assert [p.scenario for p in sample_of(0, 4)] == [p.scenario for p in whole]
+    chosen = sample_of(0, 4, member_indices(f"{indices[2]},{indices[0]},999"))
+    assert [p.scenario for p in chosen] == [whole[0].scenario, whole[2].scenario]
+    with pytest.raises(argparse.ArgumentTypeError):
+        member_indices("16,x")
 
 
 def test_gateway_config_names_each_pools_engine(tmp_path) -> None:
