@@ -214,19 +214,25 @@ def test_gauges_as_last_set_prove_adapter_slots_only_well_after_the_last_send():
     assert sched.state.adapter_slots[0] == 2
 
 
-def test_adapter_slots_are_probed_one_adapter_beyond_the_proof():
+@pytest.mark.parametrize("remote", [False, True], ids=["own", "another-replicas"])
+def test_adapter_slots_are_probed_one_adapter_beyond_the_proof(remote: bool):
     """Where nothing proved a second slot, one request at a time may make a pod's adapters
     in flight one more than proved (else a pool whose requests share one adapter never
     proves more: family-0-92). A scrape with gauges set after it that shows a queue while
-    its adapter is in flight disproves that level: it is not probed again."""
+    its adapter is in flight disproves that level: it is not probed again.
+
+    With replicas, a send folded from another replica is the probe here as well: this
+    replica sends no probe of its own beside it (each noting only its own, N probes went
+    out at once on a 1-slot pool: family-0-19 +18 % p95 at N = 4 in the twin), and the
+    queue behind it caps the level here too."""
     pool = make_pool(2, max_lora=[0, 0])
     sched = Scheduler(pool, max_fallbacks=1)
     t = pool.table
     sched.on_dispatch(0, req(adapter="ad-a"), NOW)
     sched.on_dispatch(1, req(adapter="ad-a"), NOW)
     assert scores(pool, "loraAffinity", req(adapter="ad-b"), sched) == [0.8, 0.8]
-    probe = req(adapter="ad-b")
-    sched.on_dispatch(0, probe, NOW + 0.01)
+    send = sched.on_remote_dispatch if remote else sched.on_dispatch
+    send(0, req(adapter="ad-b"), NOW + 0.01)
     assert sched.explain(req(adapter="ad-c"), NOW + 0.02)["adapter_slots"] == {
         "proved": 0.0, "cap": None, "probe_row": 0, "probe_level": 2.0}
     assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.0]
@@ -238,28 +244,6 @@ def test_adapter_slots_are_probed_one_adapter_beyond_the_proof():
     assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.0]
     assert sched.explain(req(adapter="ad-c"), NOW + 0.2)["adapter_slots"] == {
         "proved": 0.0, "cap": 1.0, "probe_row": None, "probe_level": None}
-
-
-def test_another_replicas_probe_is_out_here_too():
-    """With replicas, a send folded from another replica that makes a pod's adapters one
-    more than proved is the probe here as well: this replica sends no probe of its own
-    beside it (each noting only its own, N probes went out at once on a 1-slot pool:
-    family-0-19 +18 % p95 at N = 4 in the twin), and the queue behind it caps the level."""
-    pool = make_pool(2, max_lora=[0, 0])
-    sched = Scheduler(pool, max_fallbacks=1)
-    t = pool.table
-    sched.on_dispatch(0, req(adapter="ad-a"), NOW)
-    sched.on_dispatch(1, req(adapter="ad-a"), NOW)
-    assert scores(pool, "loraAffinity", req(adapter="ad-b"), sched) == [0.8, 0.8]
-    remote = req(adapter="ad-b")
-    sched.on_remote_dispatch(0, remote, NOW + 0.01)
-    assert sched.explain(req(adapter="ad-c"), NOW + 0.02)["adapter_slots"] == {
-        "proved": 0.0, "cap": None, "probe_row": 0, "probe_level": 2.0}
-    assert scores(pool, "loraAffinity", req(adapter="ad-c"), sched) == [0.0, 0.0]
-    t.running[0], t.waiting[0] = 1, 1
-    pool.mark_scrape(0, True, NOW + 0.05)
-    sched.on_complete(0, req(adapter="ad-a"), NOW + 0.1, 0.1, ok=True)
-    assert sched.state.slot_cap == 1.0 and sched.state.probe_at == 0.0
 
 
 def test_a_probe_proved_opens_the_next_level():
