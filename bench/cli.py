@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import platform
@@ -32,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.family import member_indices
+from bench.output import utc_stamp
 from bench.routers import DEFAULT_ROUTERS, ROUTERS, parse_routers, versions
 from bench.scenarios import ALL, SCENARIOS, Plan, Scenario
 
@@ -49,6 +48,19 @@ PUBLISHED: dict[str, list[tuple[str, str | None, float | None, float | None, flo
     "uniform": [("Qwen3-235B", None, None, None, None)],
 }
 COMPARABLE_PCT = 10.0
+
+
+def _command(argv: list[str] | None) -> str:
+    """The command line as results files record it."""
+    return "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+
+
+def _members(text: str) -> list[int]:
+    """`--members`, parsed by bench.family (imported only when given: it costs every
+    `igw bench` start a fifth of a second)."""
+    from bench.family import member_indices
+
+    return member_indices(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "to bench/results/family.md (+ .json). With --replicas or "
                         "--twin-replicas: instead of --scenario, a sample of N members a live "
                         "run can afford, spread over the family's kinds (family.sample)")
-    p.add_argument("--members", type=member_indices, default=None, metavar="I[,I...]",
+    p.add_argument("--members", type=_members, default=None, metavar="I[,I...]",
                    help="with --family's sample and --replicas or --twin-replicas: only the "
                         "sample's members of these family indices")
     p.add_argument("--twin-replicas", default=None, metavar="N[,N...]",
@@ -198,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.family:  # for the report's family section (bench.family.update_report)
             from bench.family import LIVE_SAMPLE
 
-            command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+            command = _command(argv)
             ran = sorted({name for row in rows for name in row["live_p95"]})
-            doc = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            doc = {"date": utc_stamp(),
                    "command": command, "seed": args.seed, "routers": ran, "rows": rows}
             (results / LIVE_SAMPLE).write_text(json.dumps(doc, indent=1))
         return 0
@@ -222,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tempfile.mkdtemp(prefix="igw-bench-smoke-"))
     with tempfile.TemporaryDirectory(prefix="igw-bench-") as tmp:
         work = args.work or Path(tmp)
-        command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = _command(argv)
         return asyncio.run(_run(_named(names, args), routers, args, out, work, full, command))
 
 
@@ -246,7 +258,7 @@ async def _run(items: list[tuple[Scenario, Plan, Plan]], routers, args: argparse
     _use_uvloop()
     started = time.monotonic()
     meta: dict[str, Any] = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_stamp(),
         "command": command.strip(),
         "versions": versions(),
         "python": platform.python_version(),
@@ -287,7 +299,7 @@ def family_live_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     routers = parse_routers(args.routers or "igw-llm-d,envoy-rr")
     out = args.out or RESULTS / "partial" / "family-live"
     items = [live_run(member) for member in sample(args.seed, args.family)]
-    command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = _command(argv)
     with tempfile.TemporaryDirectory(prefix="igw-bench-") as tmp:
         return asyncio.run(_run(items, routers, args, out, args.work or Path(tmp), False,
                                 command))
@@ -304,7 +316,7 @@ def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     results = args.out or RESULTS
     table = results / "replicas.json"
     results.mkdir(parents=True, exist_ok=True)
-    command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = _command(argv)
     with tempfile.TemporaryDirectory(prefix="igw-bench-") as tmp:
         work = args.work or Path(tmp)
         if args.scrape_load:
@@ -328,7 +340,7 @@ def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
             routers = replica_specs(counts, coordination, args.repeats or 1)
             out = results / "partial" / "replicas"
             failed = asyncio.run(_run(items, routers, args, out, work, False, command))
-            meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            meta = {"date": utc_stamp(),
                     "command": command}
             doc = update_results([out], names, table, meta)
             if args.family is not None:
@@ -350,7 +362,7 @@ def twin_replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         m for m in MODES if m != "shared" or args.share_scrapes]
     names = [] if args.family is not None else _scenarios(args.scenario)
     family = (args.seed, args.family) if args.family is not None else None
-    command = "igw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = _command(argv)
     run(names, family, counts, modes, args.repeats or 1, args.seed, args.out or RESULTS, command,
         args.duration, args.time_scale, args.members)
     return 0

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
 import statistics
@@ -52,7 +51,7 @@ from typing import Any
 import yaml
 
 from bench.ext_proc_stubs import STUBS
-from bench.output import write_results
+from bench.output import utc_stamp, write_results
 from bench.overhead import LUA, _body, _wrk
 from bench.procs import Child, cpu_seconds, machine_cpu, start_child, wait_log_line, wait_until
 from contract import headers
@@ -440,7 +439,7 @@ def machine_context(command: str) -> Iterator[dict[str, Any]]:
     vers = versions()
     wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
     context.update({
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_stamp(),
         "command": command,
         "cores": os.cpu_count(),
         "load_average_start": load_start,

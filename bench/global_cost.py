@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import math
 import os
@@ -47,7 +46,7 @@ import yaml
 
 from bench.ext_proc_servers import start_envoy
 from bench.loadgen import LoadGenerator, Result
-from bench.output import write_results
+from bench.output import utc_stamp, write_results
 from bench.priority_front import PRIORITY_ORDER, render_priority_bootstrap
 from bench.procs import Child, start_piped, wait_line
 from bench.workload import (
@@ -489,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_world(world.children)
     doc = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_stamp(),
         "command": " ".join(["python -m bench.global_cost", *(argv or sys.argv[1:])]),
         "cores": os.cpu_count(), "load_average": os.getloadavg()[0],
         "duration_s": args.duration, "seed": args.seed, "slo_s": SLO_S,

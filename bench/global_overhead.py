@@ -51,7 +51,6 @@ Results: bench/results/global_overhead.md and .json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import statistics
 import sys
@@ -63,7 +62,7 @@ from typing import Any
 
 import yaml
 
-from bench.output import write_results
+from bench.output import utc_stamp, write_results
 from bench.overhead import LUA, MODEL, _body, _cpu, _wrk, wrk_threads
 from bench.procs import (
     descendants,
@@ -366,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             echo.stop()
     summary = [_summary(points, spec) for spec in scripts]
     doc = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_stamp(),
         "command": " ".join(["python -m bench.global_overhead",
                              *(sys.argv[1:] if argv is None else argv)]),
         "cores": os.cpu_count(), "load_average": os.getloadavg()[0],

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import datetime as dt
 import random
 import signal
 import ssl
@@ -40,7 +39,7 @@ import psutil
 import yaml
 
 from bench.loadgen import send_open_loop, settle
-from bench.output import write_results
+from bench.output import utc_stamp, write_results
 from contract import headers as hdr
 from contract.config import load_config
 from contract.global_config import load_global_config
@@ -325,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         except asyncio.CancelledError:
             print("interrupted: no result written", file=sys.stderr)
             return 130
-    doc["date"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    doc["date"] = utc_stamp()
     doc["commit"] = commit
     command = f"python -m bench.global_soak --minutes {args.minutes:g} --rate {args.rate:g}"
     write_results(args.out, "global-soak", doc, render(doc, command))

@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
+
+
+def utc_stamp() -> str:
+    """When a result was measured, as every results file and report states it."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def write_results(out: Path, stem: str, doc: dict[str, Any], text: str) -> None:

@@ -24,7 +24,6 @@ before. Results: bench/results/overhead.md and overhead.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import resource
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fleet import Pod
-from bench.output import write_results
+from bench.output import utc_stamp, write_results
 from bench.procs import cpu_seconds, start_child, wait_log_line
 from bench.routers import ROUTERS, Router, versions
 from igw.ports import free_ports
@@ -260,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True,
                                  check=False).stdout.splitlines()[:1]
     doc = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_stamp(),
         "command": "igw bench --overhead " + " ".join(argv or []),
         "cores": os.cpu_count(),
         "stream_events": args.stream_events,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import os
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.output import write_results
+from bench.output import utc_stamp, write_results
 from contract import headers as hdr
 from contract.config import RateLimits, TenantConfig, TenantsConfig, parse_config
 from contract.errors import Unauthorized
@@ -212,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="igw-tenant-keys-") as tmp:
         us = measure(args.repeats, args.number, Path(tmp))
     doc = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_stamp(),
         "command": "python -m bench.tenant_keys " + " ".join(argv or []),
         "cores": os.cpu_count(),
         "load_average": os.getloadavg()[0],
