@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=None,
                    help="wall seconds of arrivals per router run (default: per scenario)")
     p.add_argument("--time-scale", type=float, default=None,
-                   help="override every scenario's simulator time_scale")
+                   help="override every scenario's simulator time_scale; without --duration "
+                        "the arrivals stay the same (the same model seconds, in more or "
+                        "less wall time)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true",
                    help="tiny scenario, gateway llm-d + Envoy round robin, a few seconds each")

@@ -21,6 +21,7 @@ from bench.replicas import (
     metric_values,
     pooled_summary,
     replica_spec,
+    replica_table,
     scrape_table,
     scrape_totals,
 )
@@ -114,3 +115,21 @@ def test_pooled_summary_says_how_late_the_fleet_itself_was():
     summary = pooled_summary([run([0.4, 3.25]), run([1.0, 0.5])])
     assert summary["fleet_late_p99_ms"] == [3.25, 1.0]
     assert _cell(summary).endswith("fleet late p99 3.2, 1.0 ms")
+
+
+def test_a_rerun_is_compared_with_its_own_single_gateway():
+    """A rerun of N = 1 and 4 (coordinated) merged beside an older full table: N = 4 is
+    compared with the N = 1 of its own run, the older uncoordinated rows with theirs."""
+    def summary(p95: float, command: str) -> dict:
+        return {"repeats": 1, "ttft_p50": 0.01, "ttft_p95": p95, "ttft_p99": p95,
+                "ttft_p95_each": [p95], "ttft_p95_median": p95, "connections_share": [None],
+                "requests_share": [None], "command": command, "date": "d"}
+
+    old, new = "igw bench --replicas 1,2,4 --compare-coordination", "igw bench --replicas 1,4"
+    doc = {"scenarios": {"s": {
+        "igw-llm-d-x1-nocoord": summary(0.100, old), "igw-llm-d-x2-nocoord": summary(0.150, old),
+        "igw-llm-d-x2": summary(0.105, old), "igw-llm-d-x4-nocoord": summary(0.130, old),
+        "igw-llm-d-x1": summary(0.050, new), "igw-llm-d-x4": summary(0.054, new)}}}
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in replica_table(doc)[2:]}
+    assert rows["2"][3] == "+50 %" and rows["2"][5] == "+5 %" and rows["2"][6] == "met"
+    assert rows["4"][3] == "+30 %" and rows["4"][5] == "+8 %" and rows["4"][6] == "met"

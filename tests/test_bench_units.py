@@ -30,6 +30,17 @@ def test_capacity_orders_gpus_and_sizes():
     assert round_robin_capacity([10.0, 1.0, 1.0]) == 3.0
 
 
+def test_another_time_scale_alone_keeps_the_arrivals():
+    """Real-time reruns (`--time-scale 1`) compare with the default runs only if they
+    replay the same requests at the same model times."""
+    scenario = SCENARIOS["lora"]
+    default, real_time = scenario.plan(0), scenario.plan(0, time_scale=1.0)
+    assert real_time.time_scale == 1.0 and real_time.duration_s == default.duration_s
+    assert [(r.at, r.body) for r in real_time.requests] == [
+        (r.at, r.body) for r in default.requests]
+    assert scenario.plan(0, 3.0, 1.0).duration_s == 3.0
+
+
 @pytest.mark.parametrize("name", [*ALL, "tiny"])
 def test_scenarios_are_seeded_and_calibrated(name):
     scenario = SCENARIOS[name]
