@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import time
 import traceback
@@ -243,13 +244,13 @@ async def run_scenario(
         timeout = aiohttp.ClientTimeout(total=10)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             for spec in routers:
-                run = await run_router(spec, plan, warmup, fleet, tls, work, session,
-                                       drain_s=drain_s, progress=progress)
+                attempt = functools.partial(run_router, spec, plan, warmup, fleet, tls, work,
+                                            session, drain_s=drain_s, progress=progress)
+                run = await attempt()
                 if _port_taken(run):
                     log(f"  {plan.scenario}/{spec.name}: a port picked free was taken before "
                         "the bind; starting again on new ports")
-                    run = await run_router(spec, plan, warmup, fleet, tls, work, session,
-                                           drain_s=drain_s, progress=progress)
+                    run = await attempt()
                 if run.ok and run.contended():
                     # the load generator or the simulator could not keep its schedule:
                     # something else had the CPU. Run once more and keep the attempt that
@@ -257,8 +258,7 @@ async def run_scenario(
                     log(f"  {plan.scenario}/{spec.name}: send lateness p99 "
                         f"{run.lateness_p99_ms():.0f} ms, simulator lateness p99 "
                         f"{run.sim_lateness_p99_ms():.0f} ms: machine busy; running again")
-                    again = await run_router(spec, plan, warmup, fleet, tls, work, session,
-                                             drain_s=drain_s, progress=progress)
+                    again = await attempt()
                     if again.ok and _worst(again) < _worst(run):
                         run = again
                     run.attempts = 2
