@@ -240,13 +240,15 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_run(_named(names, args), routers, args, out, work, full, command))
 
 
-def _named(names: list[str], args: argparse.Namespace) -> list[tuple[Scenario, Plan, Plan]]:
-    """(scenario, plan, warm-up plan) of each named scenario: the plan of --seed, the
-    warm-up of seed + 1000 for 3 s wall (1 s for `tiny`)."""
+def _named(names: list[str], args: argparse.Namespace, *, comparison: bool = False
+           ) -> list[tuple[Scenario, Plan, Plan]]:
+    """(scenario, plan, warm-up plan) of each named scenario: the plan of --seed (its
+    comparison span for `comparison`), the warm-up of seed + 1000 for 3 s wall (1 s for
+    `tiny`)."""
     out = []
     for name in names:
         scenario = SCENARIOS[name]
-        plan = scenario.plan(args.seed, args.duration, args.time_scale)
+        plan = scenario.plan(args.seed, args.duration, args.time_scale, comparison=comparison)
         warm = scenario.plan(args.seed + 1000, 3.0 if name != "tiny" else 1.0, args.time_scale)
         out.append((scenario, plan, warm))
     return out
@@ -337,7 +339,8 @@ def replicas_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                 items = [live_run(member)
                          for member in sample_of(args.seed, args.family, args.members)]
             else:
-                items = _named(["tiny"] if args.smoke else _scenarios(args.scenario), args)
+                items = _named(["tiny"] if args.smoke else _scenarios(args.scenario), args,
+                               comparison=True)
             names = [scenario.name for scenario, _, _ in items]
             routers = replica_specs(counts, coordination, args.repeats or 1)
             out = results / "partial" / "replicas"

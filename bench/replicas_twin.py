@@ -57,7 +57,7 @@ def hand_written(name: str, seed: int, duration: float | None = None,
     """A named scenario's plan as the live replicas run sends it, its warm-up first
     (bench/twin.py `live_check` does the same)."""
     scenario = SCENARIOS[name]
-    plan = scenario.plan(seed, duration, time_scale)
+    plan = scenario.plan(seed, duration, time_scale, comparison=True)
     warm = scenario.plan(seed + 1000, 3.0, time_scale)
     return warm_started(plan, warm, plan.time_scale)
 

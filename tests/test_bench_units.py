@@ -3,6 +3,7 @@ SSE parsing, summaries, the Envoy baseline bootstrap."""
 
 from __future__ import annotations
 
+import argparse
 import random
 
 import orjson
@@ -10,6 +11,7 @@ import pytest
 
 from bench import envoy_baseline
 from bench.capacity import Workload, pod_capacity, round_robin_capacity
+from bench.cli import _named
 from bench.loadgen import Result, _content_event, _usage_tokens
 from bench.report import change, comparison, summarize
 from bench.runner import RunResult, warmup_requests
@@ -39,6 +41,21 @@ def test_another_time_scale_alone_keeps_the_arrivals():
     assert [(r.at, r.body) for r in real_time.requests] == [
         (r.at, r.body) for r in default.requests]
     assert scenario.plan(0, 3.0, 1.0).duration_s == 3.0
+
+
+def test_a_comparison_of_replicas_runs_the_prefix_plan_four_times_as_long():
+    """`--replicas` compares p95s within 10 %; the published prefix plan's p95 is ~0.7 or
+    ~1.1 s by one tail request, so its comparison plan is longer. The others are unchanged,
+    and an explicit --duration still wins."""
+    prefix, lora = SCENARIOS["prefix"], SCENARIOS["lora"]
+    published, compared = prefix.plan(0), prefix.plan(0, comparison=True)
+    assert compared.duration_s == 4 * published.duration_s
+    assert len(compared.requests) > 3.5 * len(published.requests)
+    assert prefix.plan(0, 3.0, 1.0, comparison=True).duration_s == 3.0
+    assert lora.plan(0, comparison=True).duration_s == lora.plan(0).duration_s
+    args = argparse.Namespace(seed=0, duration=None, time_scale=1.0)
+    (_, live, _), = _named(["prefix"], args, comparison=True)  # what `--replicas` sends
+    assert live.duration_s == compared.duration_s and live.time_scale == 1.0
 
 
 @pytest.mark.parametrize("name", [*ALL, "tiny"])
