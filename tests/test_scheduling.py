@@ -1064,6 +1064,32 @@ def test_prefix_affinity_is_not_voted_where_every_cache_holds_the_shared_prefixe
     assert PROFILES["llm-d"].params["prefix"]["ample_cache"] == 0.1
 
 
+def test_prefix_affinity_yields_where_its_pod_runs_far_more_than_a_pod_of_its_size():
+    """The live prefix scenario at two replicas: the hot prompt's holder ran 20-29 requests
+    while a like pod ran 2-4, and affinity kept every next request of that prompt on it."""
+    pool = make_pool(3, prefill_tps=[10_000] * 3, decode_step_s=[0.01] * 3)
+    sched = Scheduler(pool)
+    blocks = list(range(1, 11))
+    for _ in range(20):
+        sched.on_dispatch(0, req(prompt=1_000, blocks=blocks), NOW)
+    for _ in range(2):
+        sched.on_dispatch(1, req(prompt=1_000), NOW)
+    sched.on_dispatch(2, req(prompt=1_000, blocks=blocks[:5]), NOW)
+    request = req(prompt=1_000, blocks=[*blocks, 99])
+    held = [10 / 11, 0.0, 5 / 11]
+    # cache sizes unknown: an H100 beside A10Gs rightly runs more, so nothing is compared
+    assert scores(pool, "prefix", request, sched, balance=2.0) == held
+    pool.table.kv_block_size[:3] = 16
+    pool.table.kv_num_blocks[:3] = 1_000
+    # 20 > 2 x (1 + 4): the holder loses its vote; the pod at 1 keeps it
+    assert scores(pool, "prefix", request, sched, balance=2.0) == [0.0, 0.0, 5 / 11]
+    assert scores(pool, "prefix", request, sched, balance=5.0) == held  # 20 <= 5 x 5
+    assert scores(pool, "prefix", request, sched) == held  # off by default
+    pool.table.kv_num_blocks[2] = 2_000  # one pod of another size: sizes differ, no guard
+    assert scores(pool, "prefix", request, sched, balance=2.0) == held
+    assert PROFILES["llm-d"].params["prefix"]["balance"] == 2.0
+
+
 def test_prefill_backlog_work_leaves_out_the_expected_cache_hits():
     pool = make_pool(1)
     sched = Scheduler(pool)

@@ -52,7 +52,7 @@ class ProfileSpec:
 
 PROFILES: dict[str, ProfileSpec] = {
     # Ours: expected TTFT leads; prefix keeps caches warm beyond this request (on pods
-    # within 4x the best predicted TTFT);
+    # within 4x the best predicted TTFT, and not on one far busier than a pod of its size);
     # queue and KV (with the in-flight correction) guard against what the TTFT
     # model cannot see (preemption under KV pressure); LoRA affinity avoids
     # adapter swaps; lru and running requests break near-ties towards spreading.
@@ -67,7 +67,7 @@ PROFILES: dict[str, ProfileSpec] = {
             "lru": 0.5,
         },
         params={
-            "prefix": {"max_ttft_ratio": 4.0, "ample_cache": 0.1},
+            "prefix": {"max_ttft_ratio": 4.0, "ample_cache": 0.1, "balance": 2.0},
             "queue": {"latency_gated": True},
             "runningRequests": {"latency_gated": True},
             "lru": {"latency_gated": True},
