@@ -1080,12 +1080,14 @@ def test_prefix_affinity_yields_where_its_pod_runs_far_more_than_a_pod_of_its_si
     # cache sizes unknown: an H100 beside A10Gs rightly runs more, so nothing is compared
     assert scores(pool, "prefix", request, sched, balance=2.0) == held
     pool.table.kv_block_size[:3] = 16
-    pool.table.kv_num_blocks[:3] = 1_000
+    pool.table.kv_num_blocks[:3] = [1_000, 1_000, 1_005]  # one GPU's pods: a few blocks apart
+    sched.state.invalidate_speeds()  # read with the speeds, at most every 0.2 s
     # 20 > 2 x (1 + 4): the holder loses its vote; the pod at 1 keeps it
     assert scores(pool, "prefix", request, sched, balance=2.0) == [0.0, 0.0, 5 / 11]
     assert scores(pool, "prefix", request, sched, balance=5.0) == held  # 20 <= 5 x 5
     assert scores(pool, "prefix", request, sched) == held  # off by default
     pool.table.kv_num_blocks[2] = 2_000  # one pod of another size: sizes differ, no guard
+    sched.state.invalidate_speeds()
     assert scores(pool, "prefix", request, sched, balance=2.0) == held
     assert PROFILES["llm-d"].params["prefix"]["balance"] == 2.0
 

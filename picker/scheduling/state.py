@@ -163,6 +163,9 @@ class PoolState:
         # The smallest KV cache (tokens) among the pool's pods that publish one, else 0;
         # rebuilt with `_speed` (`smallest_cache`).
         self._smallest_cache = 0.0
+        # Every pod publishes its KV cache size and they agree within TWIN_CAPACITY; rebuilt
+        # with `_speed` (`one_cache_size`).
+        self._one_cache_size = False
         self.sync()
 
     # -- keeping rows aligned with the datastore ---------------------------------
@@ -694,6 +697,8 @@ class PoolState:
                               None if self._probe is None else _slower(self._probe, kept))
         sized = capacity[valid & (capacity > 0)]
         self._smallest_cache = float(sized.min()) if len(sized) else 0.0
+        self._one_cache_size = bool(len(sized) and len(sized) == np.count_nonzero(valid)
+                                    and sized.max() <= sized.min() * (1.0 + TWIN_CAPACITY))
         self._speed_at = now
         self._speed_version = self.pool.version
         return self._speed
@@ -739,6 +744,13 @@ class PoolState:
         does), refreshed with `speeds`: a pick compares it with `footprint` in O(1)."""
         self.speeds(now)
         return self._smallest_cache
+
+    def one_cache_size(self, now: float) -> bool:
+        """Every pod of the pool publishes its KV cache size and they agree within
+        `TWIN_CAPACITY` (the same GPU's pods may differ by a few blocks): most likely one
+        GPU, so their request counts compare (`prefix`'s balance); refreshed with `speeds`."""
+        self.speeds(now)
+        return self._one_cache_size
 
     def probe_speeds(self, now: float, index: slice | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`speeds` of rows `index`, an untried idle pod given a guess that gets it tried.

@@ -23,15 +23,15 @@ more than that prefill. Where caches are small beside the shared prefixes (the p
 prefix scenario: 6 prompts, half an A10G's cache) affinity partitions them and keeps it.
 
 With `balance` (the llm-d profile: 2) the score is 0 on pods running more than `balance`
-times (the least busy candidate's in-flight requests + `BALANCE_FLOOR`), where every
-candidate publishes the same KV cache size (most likely the same GPU, so in-flight counts
-compare). A partition can come out uneven: on 4 A10Gs the hottest of six prompts (41 % of
-requests) stayed on one pod running 20-29 requests while another, holding only cold
-prompts, ran 2-4 and took 0-89 of 882 requests; for each next request of the hot prompt
-the holder was still the better pod (a 150-token question against the idle pod's
-2,000-token prefill), so nothing evened it. Off affinity, the latency model sends some
-of them to the idle pod, which then holds the prompt too. Pods of different sizes are
-left alone: an H100 beside A10Gs rightly runs more.
+times (the least busy candidate's in-flight requests + `BALANCE_FLOOR`), where every pod
+of the pool publishes one KV cache size (`PoolState.one_cache_size`: most likely the same
+GPU, so in-flight counts compare). A partition can come out uneven: on 4 A10Gs the
+hottest of six prompts (41 % of requests) stayed on one pod running 20-29 requests while
+another, holding only cold prompts, ran 2-4 and took 0-89 of 882 requests; for each next
+request of the hot prompt the holder was still the better pod (a 150-token question
+against the idle pod's 2,000-token prefill), so nothing evened it. Off affinity, the
+latency model sends some of them to the idle pod, which then holds the prompt too. Pods
+of different sizes are left alone: an H100 beside A10Gs rightly runs more.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Prefix:
             return 0.0
         if self.max_ttft_ratio > 0:
             fraction = fraction * near_best(ctx, self.max_ttft_ratio)
-        if self.balance > 0 and _same_cache_size(ctx):
+        if self.balance > 0 and ctx.state.one_cache_size(ctx.now):
             inflight = ctx.col("inflight")
             fraction = fraction * (inflight <= self.balance * (inflight.min() + BALANCE_FLOOR))
         return fraction
@@ -77,10 +77,3 @@ class Prefix:
             return False
         smallest = ctx.state.smallest_cache(ctx.now)
         return smallest > 0 and ctx.state.footprint.tokens < self.ample_cache * smallest
-
-
-def _same_cache_size(ctx: ScoringContext) -> bool:
-    """Every candidate publishes one KV cache size (tokens; unknown on pages without a cache
-    config, then False)."""
-    size = ctx.col("kv_num_blocks") * ctx.col("kv_block_size")
-    return bool(len(size) and size[0] > 0 and (size == size[0]).all())
