@@ -446,7 +446,7 @@ def _cell(s: dict[str, Any] | None) -> str:
     if not s or not s.get("repeats"):
         return "not run" if not s else "failed"
     each = "" if len(s["ttft_p95_each"]) < 2 else (
-        " (p95 of each repeat " + ", ".join(f"{v:.2f}" for v in s["ttft_p95_each"]) + ")")
+        " (p95 of each repeat " + ", ".join(f"{v:#.3g}" for v in s["ttft_p95_each"]) + ")")
     if s.get("fleet_late_p99_ms"):
         each += " fleet late p99 " + ", ".join(f"{v:.1f}" for v in s["fleet_late_p99_ms"]) + " ms"
     return f"{s['ttft_p50']:.3f} / **{s['ttft_p95']:.3f}** / {s['ttft_p99']:.3f}{each}"
