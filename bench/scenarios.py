@@ -363,10 +363,11 @@ SCENARIOS: dict[str, Scenario] = {
             f"120. Poisson at {PREFIX_UTILIZATION:.0%} of round-robin capacity computed as if "
             "every pod had every system prompt cached.",
             time_scale=4.0, wall_duration_s=12.0, build=build_prefix,
-            # 48 model s hold 220 requests, and the first of each cold system prompt (about a
-            # dozen, 1.1-2.1 s) make the whole tail: the p95 (the 11th slowest) is ~0.7 or
-            # ~1.1 s by which side of that cluster it falls (in the twin by seed, live by
-            # run). 192 s hold 882 and the p95 moves by ~3 %.
+            # 48 model s hold 220 requests, and the first request of each cold system prompt
+            # on each pod it reaches (six at least, 1.1-2.1 s) make the whole tail: the p95
+            # (the 11th slowest) is ~0.7-0.9 s with six such cold prefills, ~1.1-1.3 s with
+            # eight or more (in the twin by seed, live by run; docs/benchmarks.md, "The
+            # published prefix plan, rerun"). 192 s hold 882 and the p95 moves by ~3 %.
             comparison_span=4.0),
         Scenario(
             "uniform", "Uniform fleet, steady traffic",
