@@ -79,6 +79,9 @@ def build_pool(n: int, seed: int = 7, adapters: int = 0,
     t.running[:n] = rng.integers(0, 64, n)
     t.kv_usage[:n] = rng.uniform(0, 0.95, n)
     t.prefill_tps[:n] = rng.uniform(4_000, 20_000, n)
+    # the engines count their prefix-cache hits: prompts they have not seen prefill slower
+    t.prefill_tps_uncached[:n] = t.prefill_tps[:n] * rng.uniform(0.1, 0.5, n)
+    t.raw_cache_queries[:n] = 1e6
     t.decode_step_s[:n] = rng.uniform(0.01, 0.05, n)
     unknown = rng.random(n) < 0.1  # pods whose speed is not learned yet
     t.prefill_tps[:n][unknown] = 0.0
@@ -96,7 +99,7 @@ def build_pool(n: int, seed: int = 7, adapters: int = 0,
         row = int(rng.integers(n))
         prompt = chain(i, int(rng.integers(4, 80)), systems[i % SYSTEM_PROMPTS])
         req = SchedulingRequest("m", None, len(prompt) * 16, 200, np.array(prompt, np.uint64))
-        sched.on_dispatch(row, req, now - 1.0)
+        sched.on_dispatch(row, req, now - 1.0, cached=float(rng.uniform(0.0, 0.9)))
     # The request continues a conversation that pod `n // 2` served 96 blocks of.
     history = chain(99_998, 96 - SYSTEM_BLOCKS, systems[0])
     served = SchedulingRequest("m", None, len(history) * 16, 200, np.array(history, np.uint64))
@@ -130,13 +133,14 @@ def _python_inputs(pool: Pool, sched: Scheduler) -> dict:
     state = sched.state
     lru_sets = {row: set(state.prefix._lru.get(row, ())) for row in range(n)}
     cols = ("valid", "ready", "draining", "metrics_ok", "scraped_at", "waiting", "running",
-            "kv_usage", "prefill_tps", "decode_step_s", "dispatched", "last_picked_at",
-            "inflight")
+            "kv_usage", "prefill_tps", "prefill_tps_uncached", "decode_step_s", "dispatched",
+            "last_picked_at", "inflight")
     data = {c: getattr(t, c)[:n].tolist() for c in cols}
     data.update(
-        n=n, sets=lru_sets, since=state.since_tokens[:n].tolist(),
+        n=n, sets=lru_sets, since=state.since_uncached[:n].tolist(),
         pace=state.observed_pace()[:n].tolist(),
-        backlog=state.backlog_work(slice(0, n)).tolist(),
+        backlog=state.backlog_uncached_work(slice(0, n)).tolist(),
+        demand=state.demand,
         mean_prompt=state.mean_prompt, mean_output=state.mean_output or DEFAULT_OUTPUT_TOKENS,
         stale=pool.config.metrics.stale_after_s, weights=sched.profile.weights,
     )
@@ -170,6 +174,17 @@ def _python_speed_classes(tps: dict[int, float]) -> dict[int, float]:
     return out
 
 
+def _python_counted_speeds(d: dict, rows: list[int]) -> dict[int, float]:
+    """Learned speeds, a pod whose uncached share of its speed is under the pool's median
+    slowed by that proportion (PoolState's `_uncached_speeds`, engines that count hits)."""
+    ratio = {r: min(d["prefill_tps_uncached"][r] / d["prefill_tps"][r], 1.0)
+             if d["prefill_tps"][r] > 0 and d["prefill_tps_uncached"][r] > 0 else 1.0
+             for r in rows}
+    learned = [r for r in rows if d["prefill_tps"][r] > 0]
+    ref = max(statistics.median(ratio[r] for r in learned), 0.05) if learned else 1.0
+    return {r: d["prefill_tps"][r] * min(ratio[r] / ref, 1.0) for r in rows}
+
+
 def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, list[float]]:
     cands = [
         r for r in range(d["n"])
@@ -184,13 +199,19 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
             k += 1
         matched.append(k)
     hit = any(matched)
+    # the prompt outgrows its holders: its copy keeps the counted speed (predictedLatency)
+    outgrows = hit and (d["demand"].share(hashes[0], now) * len(cands)
+                        > sum(1 for m in matched if m))
     frac = [m / len(hashes) for m in matched] if hashes else [0.0] * len(cands)
     valid_rows = [r for r in range(d["n"]) if d["valid"][r]]
     ref_tps = _median_pos([d["prefill_tps"][r] for r in valid_rows], 1000.0)
     ref_step = _median_pos([d["decode_step_s"][r] for r in valid_rows], 0.03)
     ref_pace = _median_pos([d["pace"][r] for r in valid_rows], 0.0)
+    counted = _python_counted_speeds(d, valid_rows)
+    fresh_ratio = min(_median_pos([d["prefill_tps_uncached"][r] / d["prefill_tps"][r]
+                                   for r in valid_rows if d["prefill_tps"][r] > 0], 1.0), 1.0)
     tps_of = _python_speed_classes({
-        r: d["prefill_tps"][r] if d["prefill_tps"][r] > 0 else ref_tps / _slow(d, r, ref_pace)
+        r: counted[r] if d["prefill_tps"][r] > 0 else ref_tps / _slow(d, r, ref_pace)
         for r in valid_rows
     })
     step_of = {r: d["decode_step_s"][r] if d["decode_step_s"][r] > 0
@@ -213,11 +234,12 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
         tps, step = tps_of[r], step_of[r]
         if probe and r not in known and d["inflight"][r] <= 0:
             tps, step = guess_tps, guess_step
+        fresh = tps * fresh_ratio
         since = d["since"][r] if disp > 0 else 0.0
-        ahead = max(d["waiting"][r] * d["mean_prompt"], d["backlog"][r])
-        work = ahead + since + req.prompt_tokens * (1 - frac[i])
+        ahead = max(d["waiting"][r] * d["mean_prompt"] / tps, d["backlog"][r] / fresh)
+        own = req.prompt_tokens * (1 - frac[i]) / (tps if outgrows else fresh)
         slots = max(0.0, d["running"][r] + q + 1.0 - cap)
-        ttft.append(work / tps + step + slots * step * d["mean_output"] / cap)
+        ttft.append(ahead + since / fresh + own + step + slots * step * d["mean_output"] / cap)
     best = min(ttft)
     latency = [best / x for x in ttft]
     near = [1.0 if x >= 1.0 / (1.0 + NEAR_BEST) else 0.0 for x in latency]

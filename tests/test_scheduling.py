@@ -584,6 +584,85 @@ def test_without_engine_cache_counters_the_gateways_own_cached_share_corrects_sp
     assert tps[0] == tps[1] == pytest.approx(6_000 / 0.35)
 
 
+def _system_prompt_pool(other_roots: int) -> tuple[Pool, Scheduler, SchedulingRequest]:
+    """Two A10G-like pods whose learned speed counts cached tokens (13k tokens/s, 1.3k
+    uncached); pod 0 holds a 10-block system prompt, pod 1 served `other_roots` requests of
+    other prompts; both scraped since with nothing ahead. Returns a request of the system
+    prompt with an 11th block of its own."""
+    pool = make_pool(2, prefill_tps=[13_000] * 2, prefill_tps_uncached=[1_300] * 2,
+                     raw_cache_queries=[9e5] * 2, decode_step_s=[0.2, 0.05])
+    sched = Scheduler(pool)
+    for row in range(2):
+        _scrape(pool, row, NOW, 0.0)
+    blocks = list(range(1, 11))
+    sched.on_dispatch(0, req(prompt=2_000, blocks=blocks), NOW)
+    for i in range(other_roots):
+        sched.on_dispatch(1, req(prompt=100, blocks=[1_000 + i]), NOW)
+    _scrape(pool, 0, NOW + 0.5, 2_000.0)
+    _scrape(pool, 1, NOW + 0.5, 100.0 * other_roots)
+    return pool, sched, req(prompt=2_000, blocks=[*blocks, 99])
+
+
+def test_a_prompt_its_holder_can_carry_is_priced_at_the_uncached_speed_elsewhere():
+    """The learned speed counts cached prompt tokens: on the published prefix fleet's A10Gs
+    13.4k tokens/s against 1.2-1.5k uncached. At the counted speed a cold pod's 2,000-token
+    prefill looked 0.15 s + a step (0.20 s), sooner than the prompt's holder with its long
+    steps (0.21 s), and the gateway copied hot prompts to cold pods, each copy a 1.1 s
+    prefill in the p95 tail. Where the prompt is a tenth of the pool's requests, one holder
+    of two pods can carry it: priced at the uncached speed, the holder keeps it."""
+    pool, sched, asked = _system_prompt_pool(other_roots=9)
+    ctx = ScoringContext(pool, sched.state, asked, np.arange(2), NOW + 0.5)
+    own = 2_000 / 11  # the holder prefills only the question
+    assert predicted_ttft(ctx, 256.0).tolist() == pytest.approx(
+        [own / 1_300 + 0.2, 2_000 / 1_300 + 0.05])
+    assert sched.state.uncached_speed_ratio() == pytest.approx(0.1)
+    assert sched.pick(asked, NOW + 0.5).rows[0] == 0
+    pool.table.waiting[0] = 6  # a queue on the holder: still sooner than a cold prefill
+    assert sched.pick(asked, NOW + 0.5).rows[0] == 0
+
+
+def test_a_prompt_that_outgrows_its_holders_is_copied_at_the_counted_speed():
+    """The same prompt as every request of the pool: one holder of two pods cannot carry
+    it, a copy serves the requests that follow, and the copy keeps the counted speed, so an
+    idle pod takes it once the holder queues (over 192 s the published prefix plan's p95
+    was 0.60 s with every copy at the uncached speed, 0.55 s so)."""
+    pool, sched, asked = _system_prompt_pool(other_roots=0)
+    ctx = ScoringContext(pool, sched.state, asked, np.arange(2), NOW + 0.5)
+    own = 2_000 / 11
+    assert predicted_ttft(ctx, 256.0).tolist() == pytest.approx(
+        [own / 13_000 + 0.2, 2_000 / 13_000 + 0.05])
+    assert sched.pick(asked, NOW + 0.5).rows[0] == 0  # close: prefix affinity keeps it
+    pool.table.waiting[0] = 6  # six prompts queued on the holder: the idle pod copies it
+    assert sched.pick(asked, NOW + 0.5).rows[0] == 1
+
+
+def test_the_backlog_is_the_latest_sends_in_tokens_to_compute():
+    """A long new prompt behind ten cached system prompts: the pod's expected cached share
+    (an average of its sends) read it as a fraction of its size; the backlog is the latest
+    sends, so it is that prompt, all of it to compute, at the speed of tokens to compute
+    (family-0-27: an H100 predicted 0.16 s behind a 7,364-token prompt sent 40 ms before,
+    and took 0.67 s)."""
+    pool = make_pool(2, prefill_tps=[10_000] * 2, prefill_tps_uncached=[2_000] * 2,
+                     raw_cache_queries=[1e6] * 2, decode_step_s=[0.02] * 2)
+    sched = Scheduler(pool)
+    for row in range(2):
+        _scrape(pool, row, NOW, 0.0)
+    for _ in range(10):
+        sched.on_dispatch(0, req(prompt=2_000), NOW, cached=0.9)
+    sched.on_dispatch(0, req(prompt=7_000), NOW + 0.01, cached=0.0)
+    _scrape(pool, 0, NOW + 0.05, 20_000.0)  # the ten prefilled, the long one not
+    _scrape(pool, 1, NOW + 0.05, 0.0)
+    assert sched.state.prefill_backlog()[:2].tolist() == [7_000.0, 0.0]
+    assert sched.state.backlog_uncached_work(slice(0, 2)).tolist() == [7_000.0, 0.0]
+    ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(2), NOW + 0.05)
+    assert predicted_ttft(ctx, 256.0).tolist() == pytest.approx(
+        [(7_000 + 200) / 2_000 + 0.02, 200 / 2_000 + 0.02])
+    # sent since the scrape: each send's uncached part, whatever the pod's average
+    sched.on_dispatch(1, req(prompt=3_000), NOW + 0.06, cached=0.0)
+    ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(2), NOW + 0.06)
+    assert predicted_ttft(ctx, 256.0)[1] == pytest.approx((3_000 + 200) / 2_000 + 0.02)
+
+
 def test_predicted_latency_batch_slot_wait():
     pool = make_pool(2, prefill_tps=[10_000] * 2, decode_step_s=[0.02] * 2, running=[256, 100])
     s = scores(pool, "predictedLatency", req(prompt=100), batch_capacity=256)
@@ -910,14 +989,22 @@ def test_explain_lists_scores_weights_and_changes_nothing():
                                "scores": {}, "filtered_reason": "not-ready"}
 
 
-@pytest.mark.parametrize("n", [7, 60])
-def test_vectorized_scores_equal_the_pure_python_twin(n):
-    """bench.bench_scoring's per-pod loop implementation agrees pod by pod."""
+@pytest.mark.parametrize(("n", "outgrown"), [(7, False), (60, False), (7, True)])
+def test_vectorized_scores_equal_the_pure_python_twin(n, outgrown):
+    """bench.bench_scoring's per-pod loop implementation agrees pod by pod; `outgrown`: the
+    request's prompt root is held by one pod and takes most of the pool's requests."""
     from bench.bench_scoring import _python_inputs, _python_score, build_pool
 
     pool, sched, request, now = build_pool(n, seed=n)
+    if outgrown:
+        for row in range(n):
+            if row != n // 2:
+                sched.state.prefix.forget(row)
+        for _ in range(50):
+            sched.state.demand.record(int(request.prefix_hashes[0]), now)
     pool.table.dispatched[: n // 2] = 1  # exercise the since-scrape path too
     sched.state.since_tokens[: n // 2] = 300
+    sched.state.since_uncached[: n // 2] = 120
     sched.state.since_stamp[:n] = pool.table.scraped_at[:n]
     explain = sched.explain(request, now)
     ours = {p["row"]: p["total"] for p in explain["pods"] if not p["filtered_reason"]}
@@ -1018,8 +1105,9 @@ def test_a_page_without_prefill_clock_is_busy_through_the_uncached_prompts_sent_
     assert speed.tolist() == pytest.approx([12_000, 12_000, 0])
     assert wait.tolist() == pytest.approx([0.19, 0.0, 0.0])  # 2,400 / 12,000 s from NOW
     ttft = predicted_ttft(ctx, 256.0)
-    # blind pods: the clock, then 120 tokens at 12k; the counted pod: 120 / 60k (+ step)
-    assert ttft.tolist() == pytest.approx([0.19 + 0.01 + 0.01, 0.01 + 0.01, 0.002 + 0.01])
+    # blind pods: the clock, then 120 tokens at 12k; the counted pod: 120 tokens at the
+    # pool's uncached speed, 60k x 0.2 (+ step)
+    assert ttft.tolist() == pytest.approx([0.19 + 0.01 + 0.01, 0.01 + 0.01, 0.01 + 0.01])
     assert sched.pick(req(prompt=120), NOW + 0.01).rows[0] != 0
     sched.state.speeds(NOW + 0.3)
     assert sched.state.blind_prefill(slice(0, 3), NOW + 0.3)[0].tolist() == [0.0] * 3

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from picker.scheduling.prefix_demand import PrefixDemand
 from picker.scheduling.prefix_footprint import PrefixFootprint
 from picker.scheduling.prefix_index import PrefixIndex
 
@@ -51,6 +53,35 @@ def test_footprint_sums_the_latest_shared_depth_of_each_root_seen_within_the_win
     assert (fp.tokens, len(fp)) == (100, 1)
     fp.expire(1_000.0)
     assert (fp.tokens, len(fp)) == (0, 0)
+
+
+def test_demand_is_each_roots_share_of_the_pools_recent_requests():
+    demand = PrefixDemand(horizon_s=10.0)
+    for _ in range(3):
+        demand.record(1, 0.0)
+    demand.record(2, 0.0)
+    demand.record(None, 0.0)  # a request without prefix blocks counts in the pool's total
+    assert demand.share(1, 0.0) == pytest.approx(0.6)
+    assert demand.share(2, 0.0) == pytest.approx(0.2)
+    assert demand.share(3, 0.0) == 0.0
+    # 10 s on, the old counts weigh e^-1 of a new one: root 2's new request leads
+    demand.record(2, 10.0)
+    old = np.exp(-1.0)
+    assert demand.share(2, 10.0) == pytest.approx((1 + old) / (1 + 5 * old))
+    assert demand.share(1, 10.0) == pytest.approx(3 * old / (1 + 5 * old))
+    # with no requests the shares keep their proportions as everything decays alike
+    assert demand.share(1, 40.0) == pytest.approx(demand.share(1, 10.0))
+
+
+def test_demand_keeps_at_most_max_roots_dropping_the_least_recently_seen():
+    demand = PrefixDemand(max_roots=3)
+    for root in range(5):
+        demand.record(root, float(root))
+    demand.record(2, 5.0)  # seen again: now the most recent
+    demand.record(9, 6.0)
+    assert len(demand) == 3
+    assert demand.share(0, 6.0) == demand.share(1, 6.0) == demand.share(3, 6.0) == 0.0
+    assert min(demand.share(2, 6.0), demand.share(4, 6.0), demand.share(9, 6.0)) > 0.0
 
 
 def test_lru_is_bounded_and_evicts_least_recent_deepest_first():
