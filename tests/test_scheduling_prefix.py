@@ -1,4 +1,4 @@
-"""PrefixIndex: bounded per-pod LRU, reverse map, and the galloping match's exactness."""
+"""PrefixIndex (bounded per-pod LRU, reverse map, exact galloping match), footprint, demand."""
 
 from __future__ import annotations
 
