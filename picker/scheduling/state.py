@@ -41,6 +41,7 @@ SPEED_CLASS_RATIO = 1.5
 # scrape is ~flushInterval old when it arrives, and more than this many sends to one pod
 # inside that window would be a burst the oldest of which the scrape has seen anyway.
 RECENT_SENDS = 32
+_RING = np.arange(RECENT_SENDS)
 # Pods whose KV caches hold this close to the same number of tokens count as the same
 # hardware for an untried pod's first guess (`probe_speeds`).
 TWIN_CAPACITY = 0.01
@@ -284,7 +285,7 @@ class PoolState:
             hashes = req.prefix_hashes.tolist()
             shared = self.prefix.insert(row, hashes)
             self.footprint.record(hashes[0], round(prompt * shared / blocks), now)
-        self.demand.record(int(req.prefix_hashes[0]) if blocks else None, now)
+        self.demand.record(hashes[0] if blocks else None, now)
         if req.adapter is not None:
             slot = self.pool.adapter_index.get(req.adapter)
             if slot is not None:
@@ -633,8 +634,9 @@ class PoolState:
         its sends, and one long new prompt behind a row of cached system prompts read as
         a tenth of its size (family-0-27: an H100 predicted 0.16 s for a request behind a
         7,364-token prompt sent 40 ms before; it took 0.67 s). Once per scrape a row,
-        vectorized over the rows folded."""
-        order = np.argsort(-self.recent_at[rows], axis=1)
+        vectorized over the rows folded; the ring's slots, from the one before
+        `recent_next` back, are the sends newest first."""
+        order = (self.recent_next[rows, None].astype(np.int64) - 1 - _RING) % RECENT_SENDS
         sent = np.take_along_axis(self.recent_tokens[rows], order, axis=1)
         fresh = np.take_along_axis(self.recent_uncached[rows], order, axis=1)
         before = np.cumsum(sent, axis=1) - sent
