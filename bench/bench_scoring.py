@@ -234,7 +234,9 @@ def _python_score(d: dict, req: SchedulingRequest, now: float) -> tuple[int, lis
         tps, step = tps_of[r], step_of[r]
         if probe and r not in known and d["inflight"][r] <= 0:
             tps, step = guess_tps, guess_step
-        fresh = tps * fresh_ratio
+        # no slower than the pod's own uncached speed (PoolState.fresh_speeds)
+        fresh = max(tps * fresh_ratio,
+                    min(tps, d["prefill_tps_uncached"][r]) if d["prefill_tps"][r] > 0 else 0.0)
         since = d["since"][r] if disp > 0 else 0.0
         ahead = max(d["waiting"][r] * d["mean_prompt"] / tps, d["backlog"][r] / fresh)
         own = req.prompt_tokens * (1 - frac[i]) / (tps if outgrows else fresh)

@@ -636,6 +636,25 @@ def test_a_prompt_that_outgrows_its_holders_is_copied_at_the_counted_speed():
     assert sched.pick(asked, NOW + 0.5).rows[0] == 1
 
 
+def test_a_pod_that_missed_the_cached_prompts_is_priced_at_its_own_uncached_speed():
+    """Three like pods: two learned 12k tokens/s with most prompts cached (4.6k uncached),
+    the third missed the warm-up and learned 5.6k, every token of it uncached. Times the
+    pool's ratio (0.38) the third was discounted twice, 2.1k a token to compute, and a new
+    prompt predicted there at 2.6x its true time (family-0-63: it took 18 of 300 requests
+    and never warmed). Its own uncached speed is the floor; the others keep the pool's."""
+    pool = make_pool(3, prefill_tps=[12_000, 12_000, 5_600],
+                     prefill_tps_uncached=[4_600, 4_600, 5_600],
+                     raw_cache_queries=[9e5] * 3, decode_step_s=[0.03] * 3)
+    sched = Scheduler(pool)
+    for row in range(3):
+        _scrape(pool, row, NOW, 0.0)
+    ctx = ScoringContext(pool, sched.state, req(prompt=4_000, blocks=[7]), np.arange(3), NOW)
+    ratio = 4_600 / 12_000
+    assert predicted_ttft(ctx, 256.0).tolist() == pytest.approx(
+        [4_000 / (12_000 * ratio) + 0.03] * 2 + [4_000 / 5_600 + 0.03])
+    assert sched.pick(req(prompt=4_000, blocks=[7]), NOW).rows[0] == 2
+
+
 def test_the_backlog_is_the_latest_sends_in_tokens_to_compute():
     """A long new prompt behind ten cached system prompts: the pod's expected cached share
     (an average of its sends) read it as a fraction of its size; the backlog is the latest

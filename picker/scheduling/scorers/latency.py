@@ -2,7 +2,8 @@
 
 Per candidate pod i, in seconds, with prefill_tps_i the learned speed (it counts cached
 prompt tokens, as the engine's prompt counter does) and fresh_tps_i = prefill_tps_i ×
-uncached_ratio the speed of tokens the pod has to compute:
+uncached_ratio the speed of tokens the pod has to compute, no slower than the pod's own
+uncached speed (`PoolState.fresh_speeds`):
 
     ahead_i   = max(waiting_i × mean_prompt / prefill_tps_i,
                     prefill backlog_i in tokens to compute / fresh_tps_i)
@@ -122,7 +123,7 @@ def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
     # most; then what was sent since. The waiting queue is whole prompts, at the learned
     # speed; the rest is tokens to compute, at the speed of those (see the docstring).
     prompt = state.prompt_estimate(req)
-    fresh_tps = tps * state.uncached_speed_ratio()
+    fresh_tps = state.fresh_speeds(tps, ctx.index)
     ahead = np.maximum(ctx.col("waiting") * prompt / tps,
                        state.backlog_uncached_work(ctx.index) / fresh_tps)
     unseen = state.unseen_work(ctx.index, prompt)
