@@ -48,7 +48,10 @@ class Decision:
     held_s: float  # model seconds it waited in the gateway's queue first
     adapter: str | None
     prompt_tokens: int
-    predicted: dict[str, float] = field(default_factory=dict)  # pod -> model seconds
+    # pod -> seconds as the gateway predicts them: the engine's (model) seconds, the clock
+    # its pages' histograms use; only a pool learned from the gateway's own pace (no speed on
+    # the page) predicts in the gateway's seconds, model seconds / the plan's time scale
+    predicted: dict[str, float] = field(default_factory=dict)
     filtered: dict[str, str] = field(default_factory=dict)  # pod -> the filter's reason
     truth: dict[str, float] = field(default_factory=dict)  # pod -> model seconds (inf: refused)
     chosen: str = ""
@@ -79,7 +82,7 @@ class DecisionLog:
             if pod["filtered_reason"]:
                 decision.filtered[name] = pod["filtered_reason"]
             elif "predicted_ttft_s" in pod:
-                decision.predicted[name] = pod["predicted_ttft_s"] * scale
+                decision.predicted[name] = pod["predicted_ttft_s"]
         # first_token_in runs a copy of the probe, so one serves every pod
         probe, _ = build_request(sent.body, sent.spec_model, tp.base_model, True)
         for (pool, _row), pod in twin.by_row.items():
