@@ -812,10 +812,12 @@ class PoolState:
         not seen gets: on the published prefix fleet 13.4k tokens/s against a true 1.7k
         uncached (A10Gs learned 1.2-1.5k). `predictedLatency` prices the tokens to compute
         (a request's own uncached ones, those sent since the scrape and the backlog's) at
-        the learned speed times this ratio. One figure for the pool,
+        the learned speed times this ratio (`fresh_speeds`). One figure for the pool,
         not each pod's: a pod's own uncached speed reads under the GPU's when its prompts
         are mostly cached (the first step is in every prefill's time), and per pod that
-        made the pods that had served the warm-up look slow for any new prompt."""
+        made the pods that had served the warm-up look slow for any new prompt. A pod's own
+        uncached speed only ever raises the price's speed (`fresh_speeds`' floor), never
+        lowers it."""
         return self._uncached_ratio
 
     def fresh_speeds(self, tps: np.ndarray, index: slice | np.ndarray) -> np.ndarray:
