@@ -21,7 +21,6 @@ import contextlib
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from ssl import SSLContext
 from typing import Any
 
 COMPLETION = (
@@ -130,13 +129,13 @@ class EchoProtocol(asyncio.Protocol):
 
 
 async def serve_until_signalled(factory: Callable[[], asyncio.Protocol], port: int,
-                                host: str = "127.0.0.1", *, ssl: SSLContext | None = None,
-                                label: str = "echo") -> None:
-    """Serve `factory`'s protocol on host:port, print `LABEL ready PORT`, stop on
-    SIGTERM/SIGINT."""
+                                host: str = "127.0.0.1", *, announce: str | None = None
+                                ) -> None:
+    """Serve `factory`'s protocol on host:port, print `announce` (else `echo ready PORT`),
+    stop on SIGTERM/SIGINT."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(factory, host, port, backlog=1024, ssl=ssl)
-    print(f"{label} ready {port}", flush=True)
+    server = await loop.create_server(factory, host, port, backlog=1024)
+    print(announce or f"echo ready {port}", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -3,72 +3,52 @@
     python -m bench.standin_region --port 18443 --state-dir DIR [--model M]
 
 What the global tier sees of a region, a Tier-1 gateway's TLS listener, without the
-gateway behind it: on one TLS port (a certificate from igw_envoy.tls under DIR/tls; the
-region's `caFile` is DIR/tls/ca.pem)
-- any POST: bench.echo_server's one-token chat completion;
-- `GET /igw/v1/load-summary` (contract.headers.LOAD_SUMMARY_PATH, picker.load_summary's
+gateway behind it. On `--port`, an Envoy with Tier 1's listener TLS (a certificate from
+igw_envoy.tls under DIR/tls; the region's `caFile` is DIR/tls/ca.pem), HTTP/2 or
+HTTP/1.1 by ALPN as Tier 1's listener:
+- any POST: bench.echo_server's one-token chat completion, answered by Envoy itself
+  (`direct_response`), so the answer costs the same over HTTP/2 (the global tier's
+  Envoy) as over HTTP/1.1 (wrk, for the direct measurement);
+- anything else, to this process over plaintext HTTP/1.1 on a port of its own:
+  `GET /igw/v1/load-summary` (contract.headers.LOAD_SUMMARY_PATH, picker.load_summary's
   document): one idle, ready pool serving the model, not saturated, a 50 ms predicted
   TTFT, its generation one higher at every answer (the router counts a summary whose
-  generation stopped moving as stale), so the router places every request here;
-- anything else: bench.echo_server's answers (404 for an unknown path).
+  generation stopped moving as stale), so the router places every request here; other
+  paths: bench.echo_server's answers (404 for an unknown path).
 
-HTTP/2 where the client asks for it by ALPN (the global tier's Envoy: `h2`, explicit
-HTTP/2 to regions, igw_envoy.global_front), HTTP/1.1 otherwise (the router's poller,
-aiohttp; wrk for the direct measurement). HTTP/1.1 is bench.echo_server's protocol
-under TLS; HTTP/2 is framed here, just enough of it for what Envoy sends (RegionH2).
+Why Envoy in front and not Python alone: a Python HTTP/2 server cost about 0.08 ms of
+CPU per request behind the global tier against 0.04 for its HTTP/1.1 reached directly,
+a difference the global tier was charged for (docs/global.md).
 
-Prints `standin-region ready <port>` once listening; SIGTERM/SIGINT stop it. Bench and
-test support: no part of the product.
+Prints `standin-region ready <port>` once both listen; SIGTERM/SIGINT stop both. Bench
+and test support: no part of the product.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import ssl
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import orjson
-from hpack import Decoder, Encoder, HPACKError
+import yaml
 
-from bench.echo_server import COMPLETION, RESPONSES, EchoProtocol, _response, run
+from bench.echo_server import COMPLETION, EchoProtocol, _response, run
 from bench.echo_server import serve_until_signalled as serve_echo
 from bench.overhead import MODEL
 from contract.headers import LOAD_SUMMARY_PATH
+from igw.ports import free_ports
+from igw_envoy.downstream_tls import downstream_tls_socket
+from igw_envoy.http_filters import BUFFER, BUFFER_TYPE, ROUTER_TYPE
+from igw_envoy.listener import HCM_TYPE
+from igw_envoy.process import EnvoyProcess
 from igw_envoy.tls import DEFAULT_HOSTS, TlsFiles, ensure_self_signed, generated_files
-from picker.h2_grpc import (
-    ACK,
-    CONTINUATION,
-    DATA,
-    DEFAULT_WINDOW,
-    END_HEADERS,
-    END_STREAM,
-    GOAWAY,
-    HEADERS,
-    MAX_WINDOW,
-    PADDED,
-    PING,
-    PREFACE,
-    PRIORITY_FLAG,
-    RST_STREAM,
-    SETTINGS,
-    SETTINGS_INITIAL_WINDOW_SIZE,
-    WINDOW_UPDATE,
-    frame,
-)
 
 SUMMARY = LOAD_SUMMARY_PATH.encode()
 JSON = b"application/json"
-# SETTINGS parameters' identifiers, as they go on the wire
-HEADER_TABLE_SIZE = (1).to_bytes(2, "big")
-INITIAL_WINDOW_SIZE = SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big")
-# HPACK's static table (RFC 7541 appendix A): `:method` GET and POST; the request
-# pseudo-headers' names are entries 1-7 (:authority, :method, :path, :scheme)
-STATIC_METHODS = {2: b"GET", 3: b"POST"}
-LAST_PSEUDO = 7
+SUMMARY_CLUSTER = "summary"
+BODY_LIMIT = 4 << 20  # a request body the stand-in holds before answering
 
 
 class Summary:
@@ -105,196 +85,58 @@ class RegionH1(EchoProtocol):
         return super().answer_get(path)
 
 
-def _header_block(status: bytes, ctype: bytes, length: int) -> bytes:
-    """HPACK with no dynamic table entry (never-indexed literals), so nothing to track."""
-    return Encoder().encode([
-        (b":status", status, True), (b"content-type", ctype, True),
-        (b"content-length", str(length).encode(), True), (b"x-sim-pod", b"standin", True),
-    ], huffman=False)
+def _routes() -> list[dict]:
+    """POSTs answered by Envoy; the rest to this process."""
+    post = {"name": ":method", "string_match": {"exact": "POST"}}
+    answer_headers = [
+        {"header": {"key": "content-type", "value": JSON.decode()},
+         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+        {"header": {"key": "x-sim-pod", "value": "standin"}},
+    ]
+    return [
+        {"match": {"prefix": "/", "headers": [post]},
+         "direct_response": {"status": 200, "body": {"inline_string": COMPLETION.decode()}},
+         "response_headers_to_add": answer_headers},
+        {"match": {"prefix": "/"}, "route": {"cluster": SUMMARY_CLUSTER, "timeout": "10s"}},
+    ]
 
 
-def _h2_answer(head: bytes) -> tuple[bytes, bytes, bytes]:
-    """(status, content type, body) of one of bench.echo_server's HTTP/1.1 answers."""
-    head, _, body = head.partition(b"\r\n\r\n")
-    ctype = head.lower().partition(b"content-type: ")[2].partition(b"\r\n")[0]
-    return head.split(b" ", 2)[1], ctype, body
-
-
-def _integer(block: bytes, i: int, prefix_bits: int) -> tuple[int, int]:
-    """An HPACK integer at `block[i]` (RFC 7541 5.1): its value and the index after it."""
-    mask = (1 << prefix_bits) - 1
-    value, i = block[i] & mask, i + 1
-    if value < mask:
-        return value, i
-    shift = 0
-    while True:
-        byte, i = block[i], i + 1
-        value += (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
-
-
-def _static_method(block: bytes) -> bytes | None:
-    """GET or POST when the block's `:method` is the static table's entry, read by
-    stepping over the pseudo-headers before it (static names 1-7) without decoding
-    their values; None for anything else (then the block is decoded)."""
-    i, end = 0, len(block)
-    while i < end:
-        byte = block[i]
-        if byte & 0x80:  # an indexed field
-            index, i = _integer(block, i, 7)
-            if index in STATIC_METHODS:
-                return STATIC_METHODS[index]
-        elif byte & 0xE0 == 0x20:  # a dynamic table size update
-            _, i = _integer(block, i, 5)
-            continue
-        else:  # a literal: a name index, then the value's length and octets
-            index, i = _integer(block, i, 6 if byte & 0x40 else 4)
-            if index in STATIC_METHODS:
-                return None
-            length, i = _integer(block, i, 7)
-            i += length
-        if not 0 < index <= LAST_PSEUDO:
-            return None
-    return None
-
-
-COMPLETION_H2 = (_header_block(b"200", JSON, len(COMPLETION)), COMPLETION)
-
-
-class RegionH2(asyncio.Protocol):
-    """The same answers over HTTP/2, framed here: the `h2` library's state machine cost
-    this process ~0.3 ms of CPU a request against ~0.02 for its HTTP/1.1, a difference the
-    direct measurement (wrk: HTTP/1.1) would not take off. Request headers go through an
-    HPACK decoder (`_request`: only until the client stops indexing); answers use no
-    dynamic table. Flow control: the windows it grants are as large as allowed (the connection's
-    topped up as DATA arrives); its own answers (a few hundred bytes) ignore the
-    client's, which Envoy opens wide. PINGs (Envoy's keepalive) are answered."""
-
-    def __init__(self, summary: Summary) -> None:
-        self.summary = summary
-        self.buf = b""
-        self.preface = False
-        self.decoder = Decoder()
-        self.requests: dict[int, tuple[bytes, bytes]] = {}  # stream: (method, path)
-        self.partial: tuple[int, int, bytes] | None = None  # stream, flags, block so far
-        self.unacked = 0  # DATA bytes since the connection window was last topped up
-        self.transport: Any = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        transport.write(
-            frame(SETTINGS, 0, 0, HEADER_TABLE_SIZE + bytes(4)
-                   + INITIAL_WINDOW_SIZE + MAX_WINDOW.to_bytes(4, "big"))
-            + frame(WINDOW_UPDATE, 0, 0, (MAX_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf + data
-        if not self.preface:
-            if len(buf) < len(PREFACE):
-                self.buf = buf
-                return
-            if not buf.startswith(PREFACE):
-                self.transport.close()
-                return
-            buf = buf[len(PREFACE):]
-            self.preface = True
-        out: list[bytes] = []
-        pos = 0
-        try:
-            while len(buf) - pos >= 9:
-                end = pos + 9 + int.from_bytes(buf[pos:pos + 3], "big")
-                if end > len(buf):
-                    break
-                kind, flags = buf[pos + 3], buf[pos + 4]
-                stream = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
-                self._frame(kind, flags, stream, buf[pos + 9:end], out)
-                pos = end
-        except (HPACKError, ValueError, KeyError):
-            self.transport.close()
-            return
-        self.buf = buf[pos:]
-        if out:
-            self.transport.write(b"".join(out))
-
-    def _frame(self, kind: int, flags: int, stream: int, payload: bytes, out: list[bytes]
-               ) -> None:
-        if kind == DATA:
-            self.unacked += len(payload)
-            if self.unacked > MAX_WINDOW // 2:
-                out.append(frame(WINDOW_UPDATE, 0, 0, self.unacked.to_bytes(4, "big")))
-                self.unacked = 0
-            if flags & END_STREAM:
-                self._answer(stream, out)
-        elif kind == HEADERS:
-            if flags & PADDED:
-                payload = payload[1:len(payload) - payload[0]]
-            if flags & PRIORITY_FLAG:
-                payload = payload[5:]
-            self.partial = (stream, flags, payload)
-            if flags & END_HEADERS:
-                self._headers_done(out)
-        elif kind == CONTINUATION and self.partial is not None:
-            first, first_flags, block = self.partial
-            self.partial = (first, first_flags, block + payload)
-            if flags & END_HEADERS:
-                self._headers_done(out)
-        elif kind == SETTINGS and not flags & ACK:
-            out.append(frame(SETTINGS, ACK, 0))
-        elif kind == PING and not flags & ACK:
-            out.append(frame(PING, ACK, 0, payload))
-        elif kind == RST_STREAM:
-            self.requests.pop(stream, None)
-        elif kind == GOAWAY:
-            self.transport.close()
-
-    def _headers_done(self, out: list[bytes]) -> None:
-        assert self.partial is not None
-        stream, flags, block = self.partial
-        self.partial = None
-        request = self._request(block)
-        if stream not in self.requests:  # else trailers: the request is known
-            self.requests[stream] = request
-        if flags & END_STREAM:
-            self._answer(stream, out)
-
-    def _request(self, block: bytes) -> tuple[bytes, bytes]:
-        """(method, path). Once the client's encoder has applied the zero-sized table
-        asked for in SETTINGS, no block leaves state behind, and a POST is known from the
-        static table's `:method: POST` without decoding the block (Huffman-coded values
-        make decoding the costliest part of a request here, ~40 µs)."""
-        if self.decoder.header_table.maxsize == 0 and _static_method(block) == b"POST":
-            return b"POST", b""
-        headers = dict(self.decoder.decode(block, raw=True))
-        return headers.get(b":method", b""), headers.get(b":path", b"")
-
-    def _answer(self, stream: int, out: list[bytes]) -> None:
-        method, path = self.requests.pop(stream, (b"", b""))
-        if method == b"POST":
-            block, body = COMPLETION_H2
-        else:
-            if path.partition(b"?")[0] == SUMMARY:
-                status, ctype, body = b"200", JSON, self.summary.body()
-            else:  # what bench.echo_server answers to a GET
-                status, ctype, body = _h2_answer(RESPONSES.get(path, RESPONSES[b"404"]))
-            block = _header_block(status, ctype, len(body))
-        out.append(frame(HEADERS, END_HEADERS, stream, block)
-                   + frame(DATA, END_STREAM, stream, body))
-
-
-class RegionProtocol(asyncio.Protocol):
-    """Hands the connection to HTTP/2 or HTTP/1.1 by the ALPN the TLS handshake chose."""
-
-    def __init__(self, summary: Summary) -> None:
-        self.summary = summary
-
-    def connection_made(self, transport: Any) -> None:
-        tls = transport.get_extra_info("ssl_object")
-        alpn = tls.selected_alpn_protocol() if tls is not None else None
-        protocol = RegionH2(self.summary) if alpn == "h2" else RegionH1(self.summary)
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
+def bootstrap(port: int, summary_port: int, admin_port: int, files: TlsFiles,
+              host: str = "127.0.0.1") -> dict:
+    """The stand-in's Envoy: Tier 1's listener TLS policy over file certificates."""
+    hcm = {
+        "@type": HCM_TYPE, "stat_prefix": "standin", "codec_type": "AUTO",
+        # the whole body before the answer: an HTTP/1.1 answer sent before the request
+        # ends makes Envoy close the connection (a new TLS handshake per request)
+        "http_filters": [
+            {"name": BUFFER, "typed_config": {"@type": BUFFER_TYPE,
+                                              "max_request_bytes": BODY_LIMIT}},
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}},
+        ],
+        "route_config": {"name": "standin", "virtual_hosts": [
+            {"name": "standin", "domains": ["*"], "routes": _routes()}]},
+    }
+    tls = downstream_tls_socket({"tls_certificates": [{
+        "certificate_chain": {"filename": str(files.cert)},
+        "private_key": {"filename": str(files.key)},
+    }]})
+    summary = {
+        "name": SUMMARY_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": SUMMARY_CLUSTER, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {
+                "address": "127.0.0.1", "port_value": summary_port}}}}]}]},
+    }
+    listener = {
+        "name": "standin",
+        "address": {"socket_address": {"address": host, "port_value": port}},
+        "filter_chains": [{"transport_socket": tls, "filters": [{
+            "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                 "port_value": admin_port}}},
+        "static_resources": {"listeners": [listener], "clusters": [summary]},
+    }
 
 
 def ca_file(state_dir: Path) -> Path:
@@ -304,18 +146,16 @@ def ca_file(state_dir: Path) -> Path:
     return ca
 
 
-def server_context(files: TlsFiles) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(files.cert, files.key)
-    context.set_alpn_protocols(["h2", "http/1.1"])
-    return context
-
-
 async def serve(port: int, state_dir: Path, model: str, host: str = "127.0.0.1") -> None:
     summary = Summary(model)
-    context = server_context(ensure_self_signed(state_dir, DEFAULT_HOSTS))
-    await serve_echo(lambda: RegionProtocol(summary), port, host, ssl=context,
-                     label="standin-region")
+    files = ensure_self_signed(state_dir, DEFAULT_HOSTS)
+    summary_port, admin_port = free_ports(2)
+    config = state_dir / "standin-envoy.yaml"
+    config.write_text(yaml.safe_dump(bootstrap(port, summary_port, admin_port, files, host)))
+    # Envoy's own worker count, as Tier 1 runs it
+    with EnvoyProcess(config, admin_port):
+        await serve_echo(lambda: RegionH1(summary), summary_port,
+                         announce=f"standin-region ready {port}")
 
 
 def main(argv: list[str] | None = None) -> int:
