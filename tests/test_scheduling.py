@@ -71,6 +71,20 @@ def test_queue_all_equal_and_one_pod_score_one():
     assert scores(make_pool(1, waiting=[9]), "queue") == [1.0]
 
 
+def test_queue_counts_requests_in_prefill_where_the_page_has_no_prefill_clock():
+    """SGLang shows a request in its prefill in neither gauge: the gateway's own requests
+    the scrape did not show running count as queued there (pod 0: 5 in flight, 1
+    running, 1 sent since: 3 unseen, plus the 1 sent), never below `waiting` + sends
+    (pod 1). A page with a prompt counter (pod 2) keeps waiting + sends."""
+    pool = make_pool(3, waiting=[0, 4, 1], running=[1, 0, 0], inflight=[5, 5, 5],
+                     dispatched=[1, 0, 0])
+    pool.table.prompt_tokens_total[:3] = [math.nan, math.nan, 0.0]
+    # q = 3 + 1, max(4, 5) + 0, 1 + 0 -> (5 - q) / (5 - 1)
+    assert scores(pool, "queue") == [0.25, 0.0, 1.0]
+    pool.table.prompt_tokens_total[:2] = 0.0  # every page with a clock: as before
+    assert scores(pool, "queue") == [1.0, 0.0, 1.0]  # q = 1, 4, 1
+
+
 def test_running_requests_counts_dispatched_not_inflight():
     pool = make_pool(3, running=[10, 10, 0], dispatched=[0, 5, 0], inflight=[50, 0, 0])
     assert scores(pool, "runningRequests") == [pytest.approx(1 / 3), 0.0, 1.0]
@@ -1096,7 +1110,7 @@ def test_requests_a_page_without_prefill_clock_does_not_show_running_count_as_wo
     ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(3), NOW + 0.05)
     # pods 0 and 2: (2 x 400 + 200) / 1000 + 0.01, from the unseen two and the counter
     assert predicted_ttft(ctx, 256.0).tolist() == pytest.approx([1.01, 0.21, 1.01])
-    assert sched.state.unseen_work(slice(2, 3), 400.0) is None
+    assert sched.state.unseen_requests(slice(2, 3)) is None
     sched.on_dispatch(1, req(prompt=400), NOW + 0.06)  # sent since the scrape: counted once
     ctx = ScoringContext(pool, sched.state, req(prompt=200), np.arange(3), NOW + 0.06)
     assert predicted_ttft(ctx, 256.0)[1] == pytest.approx(0.61)

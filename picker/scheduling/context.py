@@ -92,6 +92,13 @@ class ScoringContext:
             )
         return self._cols["_since_tokens"]
 
+    def unseen_requests(self) -> np.ndarray | None:
+        """`PoolState.unseen_requests` of the candidates, once per candidate set (the
+        latency model and the queue tie-break both read it)."""
+        if "_unseen" not in self._cols:
+            self._cols["_unseen"] = self.state.unseen_requests(self.index)
+        return self._cols["_unseen"]
+
     def speeds(self) -> tuple[np.ndarray, np.ndarray]:
         """(prefill tokens/s, decode step s) per candidate, unknown speeds filled; for a
         request without an adapter an untried idle pod is guessed so it gets tried

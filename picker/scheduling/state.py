@@ -666,20 +666,26 @@ class PoolState:
         count in the engine's counter but cost (almost) no prefill time."""
         return self.prefill_backlog()[index] * (1.0 - self.cached_share[index])
 
-    def unseen_work(self, index: slice | np.ndarray, prompt: float) -> np.ndarray | None:
+    def unseen_work(self, index: slice | np.ndarray, prompt: float,
+                    unseen: np.ndarray) -> np.ndarray:
+        """The prompts (`prompt` tokens each, as the waiting ones are counted) of rows
+        `index`'s `unseen_requests`, in tokens to compute."""
+        return unseen * prompt * (1.0 - self.cached_share[index])
+
+    def unseen_requests(self, index: slice | np.ndarray) -> np.ndarray | None:
         """Where the page has no prefill clock (no prompt counter that grows as prefills
         end: SGLang counts prompts as requests finish, TensorRT-LLM not at all), the
-        prompts (`prompt` tokens each, as the waiting ones are counted) of the gateway's
-        requests its last scrape did not show running, in tokens to compute; None where
-        every row has a clock. A request in its prefill is in
-        neither of SGLang's gauges, and those are as the scheduler last set them (at a
-        prefill batch, every 40 decode steps), so `waiting` misses it."""
+        gateway's requests in flight on each row less those sent since its last scrape and
+        those it showed running; 0 on rows with a clock; None where every row has one. A
+        request in its prefill is in neither of SGLang's gauges, and those are as the
+        scheduler last set them (at a prefill batch, every 40 decode steps), so `waiting`
+        misses it."""
         t = self.pool.table
         blind = np.isnan(t.prompt_tokens_total[index])
         if not blind.any():
             return None
         unseen = np.maximum(t.inflight[index] - t.dispatched[index] - t.running[index], 0.0)
-        return np.where(blind, unseen * prompt, 0.0) * (1.0 - self.cached_share[index])
+        return np.where(blind, unseen, 0.0)
 
     def blind_prefill(self, index: slice | np.ndarray, now: float
                       ) -> tuple[np.ndarray, np.ndarray] | None:

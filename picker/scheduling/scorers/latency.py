@@ -126,9 +126,9 @@ def predicted_ttft(ctx: ScoringContext, batch_capacity: float) -> np.ndarray:
     fresh_tps = state.fresh_speeds(tps, ctx.index)
     ahead = np.maximum(ctx.col("waiting") * prompt / tps,
                        state.backlog_uncached_work(ctx.index) / fresh_tps)
-    unseen = state.unseen_work(ctx.index, prompt)
+    unseen = ctx.unseen_requests()
     if unseen is not None:
-        ahead = np.maximum(ahead, unseen / tps)
+        ahead = np.maximum(ahead, state.unseen_work(ctx.index, prompt, unseen) / tps)
     since = state.since_scrape_uncached(ctx.index, ctx.col("dispatched"))
     ttft = ahead if since is None else ahead + since / fresh_tps
     own = float(max(req.prompt_tokens, 0))

@@ -5,6 +5,12 @@ scrape, which the scrape cannot show yet). Without the correction a burst
 inside one scrape interval herds onto the pod that looked emptiest; with it,
 every pick immediately makes its pod look one request busier.
 
+Where the page has no prefill clock (SGLang, TensorRT-LLM), a request in its prefill is in
+neither gauge, so q is at least the gateway's requests the scrape did not show running
+(`PoolState.unseen_requests`), plus the sends since: on five SGLang A10Gs at 95 % load the
+pod the tie-break chose for its short `waiting` and `running` was the one with the most
+prompts still in prefill (family-2-42).
+
 With `latency_gated` (the llm-d profile) the score is 0 for pods whose
 predicted TTFT is not within `NEAR_BEST` of the best: the queue then separates
 pods of similar speed, but a pod several times slower for this request cannot
@@ -31,6 +37,12 @@ class Queue:
         self.latency_gated = latency_gated
 
     def score(self, ctx: ScoringContext) -> np.ndarray | float:
-        q = ctx.queue_depth() if self.gap_correction else ctx.col("waiting")
+        if not self.gap_correction:
+            q = ctx.col("waiting")
+        else:
+            q = ctx.queue_depth()
+            unseen = ctx.unseen_requests()
+            if unseen is not None:  # prefilling, in neither gauge: see the docstring
+                q = np.maximum(ctx.col("waiting"), unseen) + ctx.col("dispatched")
         score = min_max_inverse(q)
         return score * near_best(ctx) if self.latency_gated else score
