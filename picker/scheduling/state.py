@@ -702,8 +702,12 @@ class PoolState:
         (family-0-43: SGLang, system prompts on 92 % of the requests; the p95 tail). The
         gateway knows what it sent and how much of each prompt it expected cached: this
         clock runs through those uncached tokens at the pod's uncached speed. It misses
-        decode steps between prefills, so it is early, the safe side for a floor under the
-        latency model's wait (`predictedLatency`). Not where the engine counts its prefills
+        decode steps between prefills, so at moderate load it is early, the safe side for a
+        floor under the latency model's wait (`predictedLatency`). Near saturation it runs
+        late: the speed is one request's, read under its batch-mates, not the pod's
+        throughput (five SGLang A10Gs at 95 % load: 13 s ahead of a pod that answered in
+        1 s; without the clock that member was no better, docs/benchmarks.md, "The queue
+        tie-break counts requests in prefill"). Not where the engine counts its prefills
         (vLLM): the prefill backlog is exact there, and this clock, at a speed learned under
         the batch-mates' prefills (slower than the GPU), ran late and cost the published
         uniform, prefix and LoRA scenarios 10-40 % (docs/benchmarks.md)."""
