@@ -22,7 +22,8 @@ from igw_envoy.listener import HCM_TYPE
 POLICIES = ("ROUND_ROBIN", "LEAST_REQUEST")
 
 
-def _tls(cert: Path, key: Path) -> dict:
+def listener_tls(cert: Path, key: Path) -> dict:
+    """The gateway's listener TLS policy over certificate files (no SDS)."""
     return downstream_tls_socket(
         {
             "tls_certificates": [
@@ -65,7 +66,7 @@ def _listener(name: str, port: int, cluster: str, tls: tuple[Path, Path] | None)
         "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]
     }
     if tls is not None:
-        chain["transport_socket"] = _tls(*tls)
+        chain["transport_socket"] = listener_tls(*tls)
     return {
         "name": name,
         "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},

@@ -36,11 +36,12 @@ import yaml
 
 from bench.echo_server import COMPLETION, EchoProtocol, _response, run
 from bench.echo_server import serve_until_signalled as serve_echo
+from bench.envoy_baseline import listener_tls
 from bench.overhead import MODEL
 from contract.headers import LOAD_SUMMARY_PATH
 from igw.ports import free_ports
-from igw_envoy.downstream_tls import downstream_tls_socket
-from igw_envoy.http_filters import BUFFER, BUFFER_TYPE, ROUTER_TYPE
+from igw_envoy.clusters import static_assignment
+from igw_envoy.http_filters import BUFFER, BUFFER_TYPE, router_filter
 from igw_envoy.listener import HCM_TYPE
 from igw_envoy.process import EnvoyProcess
 from igw_envoy.tls import DEFAULT_HOSTS, TlsFiles, ensure_self_signed, generated_files
@@ -111,20 +112,15 @@ def bootstrap(port: int, summary_port: int, admin_port: int, files: TlsFiles,
         "http_filters": [
             {"name": BUFFER, "typed_config": {"@type": BUFFER_TYPE,
                                               "max_request_bytes": BODY_LIMIT}},
-            {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}},
+            router_filter(),
         ],
         "route_config": {"name": "standin", "virtual_hosts": [
             {"name": "standin", "domains": ["*"], "routes": _routes()}]},
     }
-    tls = downstream_tls_socket({"tls_certificates": [{
-        "certificate_chain": {"filename": str(files.cert)},
-        "private_key": {"filename": str(files.key)},
-    }]})
+    tls = listener_tls(files.cert, files.key)
     summary = {
         "name": SUMMARY_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
-        "load_assignment": {"cluster_name": SUMMARY_CLUSTER, "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": {"socket_address": {
-                "address": "127.0.0.1", "port_value": summary_port}}}}]}]},
+        "load_assignment": static_assignment(SUMMARY_CLUSTER, [("127.0.0.1", summary_port)]),
     }
     listener = {
         "name": "standin",
