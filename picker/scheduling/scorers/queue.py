@@ -41,10 +41,9 @@ class Queue:
     def score(self, ctx: ScoringContext) -> np.ndarray | float:
         if not self.gap_correction:
             q = ctx.col("waiting")
-        else:
-            q = ctx.queue_depth()
+        else:  # requests in prefill are in neither gauge: see the docstring
             unseen = ctx.unseen_requests()
-            if unseen is not None:  # prefilling, in neither gauge: see the docstring
-                q = np.maximum(ctx.col("waiting"), unseen) + ctx.col("dispatched")
+            q = (ctx.queue_depth() if unseen is None
+                 else np.maximum(ctx.col("waiting"), unseen) + ctx.col("dispatched"))
         score = min_max_inverse(q)
         return score * near_best(ctx) if self.latency_gated else score
